@@ -1,0 +1,6 @@
+"""Configurations: the stock config of each architecture under a fivefold model type."""
+
+from .bert import FivefoldBertConfig
+from .roberta import FivefoldRobertaConfig
+
+__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig"]

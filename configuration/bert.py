@@ -1,0 +1,15 @@
+"""BERT under the `fivefold_bert` model type: every field of the stock `BertConfig` is accepted as is."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import BertConfig
+
+from .validation import check_text_encoder
+
+
+@strict(accept_kwargs=True)
+class FivefoldBertConfig(BertConfig):
+    model_type = "fivefold_bert"
+
+    def validate_architecture(self) -> None:
+        super().validate_architecture()
+        check_text_encoder(self)

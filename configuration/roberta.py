@@ -1,0 +1,21 @@
+"""RoBERTa under the `fivefold_roberta` model type: every field of the stock `RobertaConfig` is accepted as is."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import RobertaConfig
+
+from .validation import check_text_encoder
+
+
+@strict(accept_kwargs=True)
+class FivefoldRobertaConfig(RobertaConfig):
+    model_type = "fivefold_roberta"
+
+    def validate_architecture(self) -> None:
+        super().validate_architecture()
+        check_text_encoder(self)
+        # RoBERTa numbers positions from pad_token_id + 1, so the table must reach past it.
+        if self.pad_token_id is None or self.max_position_embeddings <= self.pad_token_id + 1:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) must exceed pad_token_id + 1 "
+                f"(pad_token_id={self.pad_token_id}): RoBERTa positions start after the padding index"
+            )

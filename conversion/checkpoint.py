@@ -1,0 +1,245 @@
+"""Reading checkpoints safely and writing them atomically.
+
+Reading: safetensors first; `.bin` only through `torch.load(weights_only=True)`; shard indexes may only name
+files inside the checkpoint folder. Writing: everything goes to a temporary folder beside the destination,
+which is renamed into place only when complete.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from .errors import ConversionError
+
+SAFE_SINGLE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
+BIN_SINGLE, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+
+_SAFE_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConversionError(f"{path} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path} must hold a JSON object")
+    return data
+
+
+def shard_path(folder: Path, name: object, index_file: str) -> Path:
+    """The shard file an index names, refusing anything that would leave the folder."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or "\\" in name:
+        raise ConversionError(f"{index_file} names an invalid shard file {name!r}")
+    path = folder / name
+    root = folder.resolve()
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise ConversionError(f"{index_file} names {name!r}, which lies outside the checkpoint folder {folder}")
+    if not path.is_file():
+        raise ConversionError(f"{index_file} names {name!r}, which does not exist in {folder}")
+    return path
+
+
+class CheckpointReader:
+    """Lazy access to the tensors of one checkpoint folder, by name."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self._file_of: dict[str, Path] = {}
+        self._handles: dict[Path, object] = {}
+        self._bin: dict[Path, dict[str, torch.Tensor]] = {}
+        for file in self._weight_files():
+            for key in self._keys_in(file):
+                if key in self._file_of:
+                    raise ConversionError(f"tensor {key!r} appears in both {self._file_of[key].name} and {file.name}")
+                self._file_of[key] = file
+
+    def _weight_files(self) -> list[Path]:
+        for index_name in (SAFE_INDEX, BIN_INDEX):
+            index = self.folder / index_name
+            if index.is_file():
+                weight_map = read_json(index).get("weight_map")
+                if not isinstance(weight_map, dict) or not weight_map:
+                    raise ConversionError(f"{index} has no weight_map")
+                return sorted({shard_path(self.folder, name, index_name) for name in weight_map.values()})
+        for single in (SAFE_SINGLE, BIN_SINGLE):
+            if (self.folder / single).is_file():
+                return [self.folder / single]
+        raise ConversionError(
+            f"no weights in {self.folder}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {BIN_SINGLE} or {BIN_INDEX}"
+        )
+
+    def _keys_in(self, file: Path) -> list[str]:
+        if file.suffix == ".safetensors":
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ConversionError(f"{file.name} is not a readable safetensors file: {e}") from None
+            self._handles[file] = handle
+            return list(handle.keys())
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            # Files saved before torch's zip format cannot be memory-mapped.
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # the unpickler refuses anything but tensors and plain containers
+            raise ConversionError(f"{file.name} is not a loadable weights-only checkpoint: {e}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ConversionError(f"{file.name} does not hold a flat dict of tensors")
+        self._bin[file] = state
+        return list(state.keys())
+
+    def keys(self) -> list[str]:
+        return list(self._file_of)
+
+    def file_of(self, key: str) -> Path:
+        return self._file_of[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        file = self._file_of[key]
+        if file in self._bin:
+            return tuple(self._bin[file][key].shape)
+        return tuple(self._handles[file].get_slice(key).get_shape())
+
+    def dtype(self, key: str) -> torch.dtype:
+        file = self._file_of[key]
+        if file in self._bin:
+            return self._bin[file][key].dtype
+        return _SAFE_DTYPES[self._handles[file].get_slice(key).get_dtype()]
+
+    def get(self, key: str) -> torch.Tensor:
+        file = self._file_of[key]
+        if file in self._bin:
+            return self._bin[file][key]
+        try:
+            return self._handles[file].get_tensor(key)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
+
+
+def parse_size(size: int | str) -> int:
+    """'5GB' -> bytes (decimal units as transformers uses; also KiB/MiB/GiB)."""
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+             "TB": 10**12, "B": 1}  # fmt: skip
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(text)
+    except ValueError:
+        raise ConversionError(f"cannot read size {size!r}: use e.g. 500MB, 5GB or a byte count") from None
+
+
+def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+    """Greedy, in order: a new shard starts when the next tensor would overflow the current one."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > max_shard_size:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def write_safetensors(
+    folder: Path,
+    sizes: list[tuple[str, int]],
+    materialize: Callable[[list[str]], dict[str, torch.Tensor]],
+    max_shard_size: int,
+    progress: bool = True,
+) -> list[str]:
+    """Writes one shard at a time (peak memory: one shard), with an index when there is more than one."""
+    shards = plan_shards(sizes, max_shard_size)
+    names = (
+        [SAFE_SINGLE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    bar = tqdm(total=sum(s for _, s in sizes), unit="B", unit_scale=True, desc="writing", disable=not progress)
+    weight_map = {}
+    for file, keys in zip(names, shards, strict=True):
+        tensors = {k: t.contiguous() for k, t in materialize(keys).items()}
+        _unshare(tensors)
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, file))
+        bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
+        del tensors
+    bar.close()
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
+        (folder / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def _unshare(tensors: dict[str, torch.Tensor]) -> None:
+    # safetensors refuses tensors sharing storage (chunks of one fused tensor); give each its own.
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            tensors[name] = t.clone()
+        seen.add(ptr)
+
+
+@contextmanager
+def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
+    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes."""
+    dst = Path(dst)
+    if dst.exists() and not force:
+        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        yield tmp
+        if dst.exists():
+            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# Files that travel with the weights: tokenizers, processors, vocabularies.
+SIDE_FILE_PATTERNS = (
+    "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "*.model",
+    "preprocessor_config.json", "image_processor*.json", "processor_config.json", "chat_template*",
+)  # fmt: skip
+
+
+def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PATTERNS) -> list[str]:
+    copied = []
+    for pattern in patterns:
+        for path in sorted(src.glob(pattern)):
+            if path.is_file() and not (dst / path.name).exists():
+                shutil.copy2(path, dst / path.name)
+                copied.append(path.name)
+    return copied

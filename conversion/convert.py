@@ -1,0 +1,330 @@
+"""convert / export: stock checkpoint <-> fivefold checkpoint, every tensor accounted for, written atomically."""
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from .checkpoint import CheckpointReader, atomic_folder, copy_side_files, parse_size, read_json, write_safetensors
+from .errors import ConversionError
+from .keymap import Plan
+from .remote_code import write_remote_code
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_NOT_CONFIG = ("auto_map", "transformers_version", "architectures", "model_type", "_name_or_path", "custom_pipelines")
+
+
+def _architectures():
+    from fivefold.architectures import architecture_for_model_type
+
+    return architecture_for_model_type
+
+
+def resolve_source(src: str | os.PathLike) -> Path:
+    """A local folder, or a Hub repo id downloaded (config, weights, tokenizer files) when online."""
+    path = Path(src)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ConversionError(f"{src} is a file; pass the checkpoint folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(str(src), allow_patterns=["*.json", "*.safetensors", "*.bin", "*.txt", "*.model"])
+        )
+    except Exception as e:
+        raise ConversionError(f"{src} is neither a local folder nor a reachable Hub repo: {e}") from None
+
+
+def read_config(folder: Path) -> dict:
+    config = read_json(folder / "config.json")
+    if "model_type" not in config:
+        raise ConversionError(f"{folder / 'config.json'} has no model_type")
+    return config
+
+
+def architecture_of(config: dict, folder: Path, want_stock: bool):
+    try:
+        arch = _architectures()(config["model_type"])
+    except KeyError as e:
+        raise ConversionError(f"{folder / 'config.json'}: {e.args[0]}") from None
+    is_stock = config["model_type"] == arch.stock_model_type
+    if want_stock and not is_stock:
+        raise ConversionError(f"{folder} is already a fivefold checkpoint ({config['model_type']})")
+    if not want_stock and is_stock:
+        raise ConversionError(f"{folder} is a stock {config['model_type']} checkpoint, not a fivefold one")
+    return arch
+
+
+def model_class_of(arch, config: dict, folder: Path) -> type[PreTrainedModel]:
+    names = config.get("architectures") or [arch.base_model.__name__]
+    try:
+        return arch.class_named(names[0])
+    except KeyError as e:
+        raise ConversionError(f"{folder / 'config.json'}: architectures: {e.args[0]}") from None
+
+
+def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
+    fields = {k: v for k, v in stock.items() if k not in _NOT_CONFIG}
+    try:
+        config = arch.config_class.from_dict({**fields, "architectures": [target.__name__]})
+    except Exception as e:
+        raise ConversionError(f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {e}") from None
+    return config
+
+
+def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
+    """Our model's tensors and shapes, built on the meta device (no memory), and its tied tensors
+    ({copy: source}) that loading re-creates from their source."""
+    with torch.device("meta"):
+        model = target(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
+    return shapes, tied
+
+
+def our_prefix(arch, target) -> str:
+    return "" if target is arch.base_model else target.base_model_prefix
+
+
+def stock_name_of(arch, target, our_key: str) -> str:
+    try:
+        plan = arch.keys.plan([our_key], arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        return plan.steps[0].targets[plan.steps[0].sources.index(our_key)]
+    except (ConversionError, IndexError, ValueError):
+        return our_key
+
+
+def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> dict[str, tuple]:
+    """Shapes of what the plan produces, checked against the target model; returns target shapes."""
+    produced = plan.target_shapes(source_shapes)
+    expected, tied = expected_tensors(target, config)
+    origin = {t: s for step in plan.steps for t in step.targets for s in step.sources[:1]}
+    for key, shape in produced.items():
+        if key in expected and expected[key] != shape:
+            raise ConversionError(
+                f"tensor {origin[key]!r} has shape {list(source_shapes[origin[key]])}; {target.__name__} needs "
+                f"{list(expected[key])} for {key!r} (config: {config.model_type})"
+            )
+    missing = sorted(set(expected) - set(produced) - set(tied))
+    if strict and missing:
+        names = ", ".join(stock_name_of(arch, target, k) for k in missing[:8])
+        raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint for {target.__name__}: {names}")
+    return produced
+
+
+def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
+    for alias, kept in plan.aliases:
+        if not torch.equal(reader.get(alias), reader.get(kept)):
+            raise ConversionError(f"tensors {alias!r} and {kept!r} should be the same tensor but differ")
+
+
+def _untie_if_different(plan: Plan, reader, config, target) -> Plan:
+    """A stored copy of a tied tensor is dropped when equal to its source; when it differs the config is untied
+    and both are kept, as stock transformers does on load."""
+    _, tied = expected_tensors(target, config)
+    origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
+    for copy_key, source_key in tied.items():
+        if copy_key not in origin or source_key not in origin:
+            continue
+        if torch.equal(reader.get(origin[copy_key]), reader.get(origin[source_key])):
+            plan.steps = [s for s in plan.steps if copy_key not in s.targets]
+        else:
+            config.tie_word_embeddings = False
+    return plan
+
+
+def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | None):
+    step_of = {t: step for step in plan.steps for t in step.targets}
+
+    def materialize(keys: list[str]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for key in keys:
+            if key not in out:
+                out.update({k: v for k, v in plan.run(step_of[key], reader.get).items() if k in keys})
+        if dtype is not None:
+            out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
+        return out
+
+    return materialize
+
+
+def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
+    src_dtype = {t: reader.dtype(step.sources[0]) for step in plan.steps for t in step.targets}
+    sizes = []
+    for key, shape in produced.items():
+        dt = dtype if dtype is not None and src_dtype[key].is_floating_point else src_dtype[key]
+        sizes.append((key, int(torch.Size(shape).numel()) * torch.empty((), dtype=dt).element_size()))
+    return sizes
+
+
+def model_card(base_model: str, target: str, model_type: str) -> str:
+    return f"""---
+base_model: {base_model}
+library_name: transformers
+tags:
+- fivefold
+---
+
+# {Path(base_model).name} for fivefold
+
+`{base_model}` converted with `fivefold convert` to the `{model_type}` layout ({target}).
+Tensors were renamed, not changed; `fivefold export` writes the stock layout back.
+
+```python
+import fivefold  # registers fivefold's model types
+from transformers import AutoModel
+
+model = AutoModel.from_pretrained("path/to/this/folder")
+```
+
+Without fivefold installed, load it with `trust_remote_code=True`: the modeling code ships in this folder.
+"""
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_size: int | str = "5GB",
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Converts a public checkpoint (folder or Hub id) into fivefold's layout at `dst`; returns `dst`.
+
+    Raises ConversionError, leaving `dst` untouched, if any tensor is unknown, missing or of the wrong shape.
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise ConversionError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    dst = Path(dst)
+    if dst.exists() and not force:
+        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    folder = resolve_source(src)
+    stock = read_config(folder)
+    arch = architecture_of(stock, folder, want_stock=True)
+    target = model_class_of(arch, stock, folder)
+    config = build_config(arch, stock, target, folder)
+    reader = CheckpointReader(folder)
+    shapes = {k: reader.shape(k) for k in reader.keys()}
+    plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
+    check_plan(arch, target, config, plan, shapes, strict=True)
+    _check_aliases(plan, reader)
+    plan = _untie_if_different(plan, reader, config, target)
+    produced = plan.target_shapes(shapes)
+    if dtype is not None:
+        config.dtype = DTYPES[dtype]
+
+    with atomic_folder(dst, force) as tmp:
+        sizes = _sizes(produced, plan, reader, DTYPES.get(dtype))
+        write_safetensors(
+            tmp, sizes, _materializer(plan, reader, DTYPES.get(dtype)), parse_size(max_shard_size), progress
+        )
+        config.auto_map = write_remote_code(tmp, arch.config_class)
+        config.save_pretrained(tmp)
+        if (folder / "generation_config.json").is_file():
+            (tmp / "generation_config.json").write_bytes((folder / "generation_config.json").read_bytes())
+        copy_side_files(folder, tmp)
+        (tmp / "README.md").write_text(model_card(str(src), target.__name__, arch.model_type), encoding="utf-8")
+    return dst
+
+
+def stock_config_dict(arch, ours: dict, stock_class: str) -> dict:
+    fields = {k: v for k, v in ours.items() if k not in _NOT_CONFIG}
+    return {**fields, "architectures": [stock_class], "model_type": arch.stock_model_type}
+
+
+def export(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Writes a fivefold checkpoint back in the stock layout (the inverse key map: a lossless round trip)."""
+    from fivefold.architectures import stock_class_name
+
+    dst = Path(dst)
+    if dst.exists() and not force:
+        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    folder = resolve_source(src)
+    ours = read_config(folder)
+    arch = architecture_of(ours, folder, want_stock=False)
+    target = model_class_of(arch, ours, folder)
+    reader = CheckpointReader(folder)
+    stock_prefix = "" if target is arch.base_model else arch.stock_prefix
+    plan = arch.keys.plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
+    shapes = {k: reader.shape(k) for k in reader.keys()}
+    produced = plan.target_shapes(shapes)
+
+    with atomic_folder(dst, force) as tmp:
+        write_safetensors(tmp, _sizes(produced, plan, reader, None), _materializer(plan, reader, None),
+                          parse_size(max_shard_size), progress)  # fmt: skip
+        stock = stock_config_dict(arch, ours, stock_class_name(target))
+        (tmp / "config.json").write_text(json.dumps(stock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if (folder / "generation_config.json").is_file():
+            (tmp / "generation_config.json").write_bytes((folder / "generation_config.json").read_bytes())
+        copy_side_files(folder, tmp)
+    return dst
+
+
+def _local_or_hub_config(name_or_path: str | os.PathLike) -> tuple[Path, dict] | None:
+    path = Path(name_or_path)
+    if path.is_dir():
+        return (path, read_config(path)) if (path / "config.json").is_file() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        config_file = Path(hf_hub_download(str(name_or_path), "config.json"))
+    except Exception:
+        return None  # let transformers report what is wrong
+    return config_file.parent, read_json(config_file)
+
+
+def open_stock_checkpoint(cls: type[PreTrainedModel], name_or_path, user_config=None):
+    """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
+    state dict under our names), or None when `name_or_path` is not a stock checkpoint."""
+    found = _local_or_hub_config(name_or_path)
+    if found is None:
+        return None
+    folder, stock = found
+    arch = _architectures()(stock.get("model_type")) if stock.get("model_type") else None
+    if arch is None or stock["model_type"] != arch.stock_model_type:
+        return None
+    if arch.config_class.__name__ != cls.config_class.__name__:
+        raise ConversionError(
+            f"{name_or_path} is a {stock['model_type']} checkpoint; {cls.__name__} loads {cls.config_class.model_type}"
+        )
+    if (
+        not folder.joinpath("model.safetensors").exists()
+        and not any(folder.glob("*.bin"))
+        and not any(folder.glob("*.safetensors*"))
+    ):
+        folder = resolve_source(name_or_path)
+    return _stock_state(arch, cls, folder, stock, user_config)
+
+
+@contextmanager
+def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[tuple]:
+    config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
+    reader = CheckpointReader(folder)
+    shapes = {k: reader.shape(k) for k in reader.keys()}
+    plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
+    check_plan(arch, cls, config, plan, shapes, strict=False)
+    _check_aliases(plan, reader)
+    state = {}
+    for step in plan.steps:
+        state.update(plan.run(step, reader.get))
+    if user_config is not None:
+        yield user_config, state
+        return
+    with tempfile.TemporaryDirectory(prefix="fivefold-config-") as tmp:
+        config.save_pretrained(tmp)
+        yield tmp, state

@@ -1,0 +1,5 @@
+"""The one exception a user sees when a checkpoint or a conversion request is wrong."""
+
+
+class ConversionError(ValueError):
+    """A checkpoint, config or conversion request that fivefold cannot honour; the message names the culprit."""

@@ -1,0 +1,61 @@
+"""verify: the stock model and ours on the same inputs, max abs difference per output."""
+
+import os
+from pathlib import Path
+
+import torch
+import transformers
+
+from .convert import architecture_of, model_class_of, read_config, resolve_source
+from .samples import text_inputs
+
+
+def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:
+    found = {}
+    for key, value in output.items():
+        if torch.is_tensor(value) and value.is_floating_point():
+            found[prefix + key] = value
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if torch.is_tensor(item) and item.is_floating_point():
+                    found[f"{prefix}{key}[{i}]"] = item
+    return found
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Padded positions excluded: outputs shaped [B, T, ...] are compared where mask is 1."""
+    diff = (a.float() - b.float()).abs()
+    if diff.dim() >= 2 and tuple(diff.shape[:2]) == tuple(mask.shape):
+        diff = diff[mask.bool()]
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
+    with torch.no_grad():
+        expected = _tensors(stock_model(**inputs, output_hidden_states=True))
+        got = _tensors(our_model(**inputs, output_hidden_states=True))
+    mask = inputs["attention_mask"].reshape(-1, inputs["attention_mask"].shape[-1])
+    diffs = {}
+    for key, value in expected.items():
+        if key not in got:
+            raise AssertionError(f"output {key} missing from the fivefold model")
+        if got[key].shape != value.shape:
+            raise AssertionError(f"output {key}: shape {tuple(got[key].shape)} != stock {tuple(value.shape)}")
+        batch_mask = mask if value.shape[0] == mask.shape[0] else inputs["attention_mask"]
+        diffs[key] = max_abs_diff(value, got[key], batch_mask)
+    return diffs
+
+
+def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dict[str, float]:
+    """Loads SRC with stock transformers and DST with fivefold, runs a ragged padded batch through both and
+    returns the max abs difference of every floating output (logits, hidden states, pooler output...)."""
+    src_folder, dst_folder = resolve_source(src), Path(dst)
+    stock_cfg, our_cfg = read_config(src_folder), read_config(dst_folder)
+    arch = architecture_of(stock_cfg, src_folder, want_stock=True)
+    architecture_of(our_cfg, dst_folder, want_stock=False)
+    ours_cls = model_class_of(arch, our_cfg, dst_folder)
+    stock_cls = getattr(transformers, model_class_of(arch, stock_cfg, src_folder).__name__.removeprefix("Fivefold"))
+    stock = stock_cls.from_pretrained(src_folder, dtype=torch.float32).eval()
+    ours = ours_cls.from_pretrained(dst_folder, dtype=torch.float32).eval()
+    choices = 2 if stock_cls.__name__.endswith("ForMultipleChoice") else None
+    return compare(stock, ours, text_inputs(stock.config, seed=seed, choices=choices))

@@ -1,0 +1,41 @@
+"""Models: one shared block and its parts, and a thin recipe per architecture."""
+
+from .bert import (
+    FivefoldBertForMaskedLM,
+    FivefoldBertForMultipleChoice,
+    FivefoldBertForNextSentencePrediction,
+    FivefoldBertForPreTraining,
+    FivefoldBertForQuestionAnswering,
+    FivefoldBertForSequenceClassification,
+    FivefoldBertForTokenClassification,
+    FivefoldBertModel,
+    FivefoldBertPreTrainedModel,
+)
+from .roberta import (
+    FivefoldRobertaForMaskedLM,
+    FivefoldRobertaForMultipleChoice,
+    FivefoldRobertaForQuestionAnswering,
+    FivefoldRobertaForSequenceClassification,
+    FivefoldRobertaForTokenClassification,
+    FivefoldRobertaModel,
+    FivefoldRobertaPreTrainedModel,
+)
+
+__all__ = [
+    "FivefoldBertForMaskedLM",
+    "FivefoldBertForMultipleChoice",
+    "FivefoldBertForNextSentencePrediction",
+    "FivefoldBertForPreTraining",
+    "FivefoldBertForQuestionAnswering",
+    "FivefoldBertForSequenceClassification",
+    "FivefoldBertForTokenClassification",
+    "FivefoldBertModel",
+    "FivefoldBertPreTrainedModel",
+    "FivefoldRobertaForMaskedLM",
+    "FivefoldRobertaForMultipleChoice",
+    "FivefoldRobertaForQuestionAnswering",
+    "FivefoldRobertaForSequenceClassification",
+    "FivefoldRobertaForTokenClassification",
+    "FivefoldRobertaModel",
+    "FivefoldRobertaPreTrainedModel",
+]

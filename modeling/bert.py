@@ -1,0 +1,95 @@
+"""BERT: learned absolute positions and token types, post-norm blocks, GELU feed-forward.
+
+The recipe maps the stock `BertConfig` fields onto shared parts; the classes below are one-line wirings.
+"""
+
+from ..configuration.bert import FivefoldBertConfig
+from .attention import AttentionSpec
+from .block import BlockSpec
+from .embeddings import EmbeddingSpec
+from .encoder import EncoderModel, EncoderPreTrainedModel, EncoderRecipe
+from .encoder_heads import (
+    EncoderForMaskedLM,
+    EncoderForMultipleChoice,
+    EncoderForNextSentencePrediction,
+    EncoderForPreTraining,
+    EncoderForQuestionAnswering,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+)
+from .feedforward import FeedForwardSpec
+
+
+def bert_recipe(config) -> EncoderRecipe:
+    block = BlockSpec(
+        attention=AttentionSpec(
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            dropout=config.attention_probs_dropout_prob,
+        ),
+        feedforward=FeedForwardSpec(
+            kind="dense",
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            activation=config.hidden_act,
+        ),
+        norm="layernorm",
+        norm_eps=config.layer_norm_eps,
+        prenorm=False,
+        dropout=config.hidden_dropout_prob,
+    )
+    return EncoderRecipe(
+        embeddings=EmbeddingSpec(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            pad_token_id=config.pad_token_id,
+            max_positions=config.max_position_embeddings,
+            type_vocab_size=config.type_vocab_size,
+            norm="layernorm",
+            norm_eps=config.layer_norm_eps,
+            dropout=config.hidden_dropout_prob,
+        ),
+        blocks=(block,) * config.num_hidden_layers,
+        final_norm="none",
+        norm_eps=config.layer_norm_eps,
+        lm_head_act=config.hidden_act,
+        lm_head_norm="layernorm",
+        sequence_classifier="pooled",
+    )
+
+
+class FivefoldBertPreTrainedModel(EncoderPreTrainedModel):
+    config: FivefoldBertConfig
+    recipe = staticmethod(bert_recipe)
+
+
+class FivefoldBertModel(FivefoldBertPreTrainedModel, EncoderModel):
+    pass
+
+
+class FivefoldBertForMaskedLM(FivefoldBertPreTrainedModel, EncoderForMaskedLM):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForPreTraining(FivefoldBertPreTrainedModel, EncoderForPreTraining):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForNextSentencePrediction(FivefoldBertPreTrainedModel, EncoderForNextSentencePrediction):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForSequenceClassification(FivefoldBertPreTrainedModel, EncoderForSequenceClassification):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForTokenClassification(FivefoldBertPreTrainedModel, EncoderForTokenClassification):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForQuestionAnswering(FivefoldBertPreTrainedModel, EncoderForQuestionAnswering):
+    base_model_class = FivefoldBertModel
+
+
+class FivefoldBertForMultipleChoice(FivefoldBertPreTrainedModel, EncoderForMultipleChoice):
+    base_model_class = FivefoldBertModel

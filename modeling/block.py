@@ -1,0 +1,56 @@
+"""The one Transformer block every architecture stacks.
+
+A recipe fills four norm slots: pre-norm models use the `before` ones, post-norm models the `after` ones, and
+the unused slots are `nn.Identity()`, so `forward` never branches on the architecture.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .attention import Attention, AttentionSpec
+from .feedforward import FeedForwardSpec, build_feedforward
+from .norms import build_norm
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    attention: AttentionSpec
+    feedforward: FeedForwardSpec
+    norm: str  # key in NORMS
+    norm_eps: float
+    prenorm: bool
+    dropout: float = 0.0  # on each sub-layer's output, before the residual add
+
+
+class Block(GradientCheckpointingLayer):
+    def __init__(self, config, spec: BlockSpec, layer_idx: int):
+        super().__init__()
+        width = spec.attention.hidden_size
+
+        def norm_if(wanted: bool) -> nn.Module:
+            return build_norm(spec.norm, width, spec.norm_eps) if wanted else nn.Identity()
+
+        self.norm_before_attn = norm_if(spec.prenorm)
+        self.attn = Attention(config, spec.attention, layer_idx)
+        self.norm_after_attn = norm_if(not spec.prenorm)
+        self.norm_before_mlp = norm_if(spec.prenorm)
+        self.mlp = build_feedforward(spec.feedforward)
+        self.norm_after_mlp = norm_if(not spec.prenorm)
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,  # [B, T, C]
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: object = None,
+        **kwargs,
+    ) -> torch.Tensor:  # [B, T, C]
+        attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
+        hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out))
+        mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
+        return self.norm_after_mlp(hidden_states + self.dropout(mlp_out))

@@ -1,0 +1,95 @@
+"""Token embeddings: word + learned absolute position + token type, then norm and dropout.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .norms import build_norm
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    vocab_size: int
+    hidden_size: int
+    pad_token_id: int | None
+    max_positions: int
+    type_vocab_size: int
+    norm: str
+    norm_eps: float
+    dropout: float
+    # RoBERTa numbers positions from pad_token_id + 1 and gives padding the padding position.
+    positions_after_padding: bool = False
+
+
+def sequential_position_ids(batch: int, length: int, start: int, device: torch.device) -> torch.Tensor:
+    """[B, T] holding start, start + 1, ... for every row."""
+    return torch.arange(start, start + length, device=device).expand(batch, length)
+
+
+def padding_aware_position_ids(input_ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    """[B, T]: real tokens count up from padding_idx + 1, pad tokens keep padding_idx (RoBERTa's scheme)."""
+    is_token = input_ids.ne(padding_idx).int()
+    return (torch.cumsum(is_token, dim=1) * is_token).long() + padding_idx
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    if input_ids.numel() and bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
+        bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)]
+        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
+
+
+def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
+    if position_ids.numel() and bool((position_ids >= max_positions).any() | (position_ids < 0).any()):
+        raise ValueError(
+            f"sequence too long for the position table: positions up to {int(position_ids.max())} needed, "
+            f"max_position_embeddings is {max_positions}"
+        )
+
+
+class TokenEmbeddings(nn.Module):
+    def __init__(self, spec: EmbeddingSpec):
+        super().__init__()
+        self.spec = spec
+        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.pad_token_id)
+        position_padding = spec.pad_token_id if spec.positions_after_padding else None
+        self.position_embeddings = nn.Embedding(spec.max_positions, spec.hidden_size, padding_idx=position_padding)
+        self.token_type_embeddings = nn.Embedding(spec.type_vocab_size, spec.hidden_size)
+        self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def position_ids(self, input_ids: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+        if not self.spec.positions_after_padding:
+            return sequential_position_ids(batch, length, 0, device)
+        if input_ids is not None:
+            return padding_aware_position_ids(input_ids, self.spec.pad_token_id)
+        return sequential_position_ids(batch, length, self.spec.pad_token_id + 1, device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,  # [B, T]
+        token_type_ids: torch.Tensor | None = None,  # [B, T]
+        position_ids: torch.Tensor | None = None,  # [B, T] or [1, T]
+        inputs_embeds: torch.Tensor | None = None,  # [B, T, C]
+    ) -> torch.Tensor:  # [B, T, C]
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            check_token_ids(input_ids, self.spec.vocab_size)
+            inputs_embeds = self.word_embeddings(input_ids)
+        batch, length, _ = inputs_embeds.shape
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)
+        check_position_ids(position_ids, self.spec.max_positions)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros((batch, length), dtype=torch.long, device=inputs_embeds.device)
+        elif token_type_ids.numel() and bool(
+            ((token_type_ids < 0) | (token_type_ids >= self.spec.type_vocab_size)).any()
+        ):
+            raise ValueError(f"token_type_ids must lie in [0, {self.spec.type_vocab_size})")
+
+        hidden = inputs_embeds + self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        return self.dropout(self.norm(hidden))

@@ -1,0 +1,47 @@
+"""Position-wise feed-forward networks, chosen by name.
+
+Shapes: B batch, T time, C channels, F inner width.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+@dataclass(frozen=True)
+class FeedForwardSpec:
+    kind: str  # key in FEEDFORWARDS
+    hidden_size: int
+    intermediate_size: int
+    activation: str  # key in transformers' ACT2FN
+    bias: bool = True
+
+
+def activation(name: str) -> nn.Module:
+    if name not in ACT2FN:
+        raise ValueError(f"unknown activation {name!r}; valid: {', '.join(sorted(ACT2FN))}")
+    return ACT2FN[name]
+
+
+class DenseFeedForward(nn.Module):
+    """up -> activation -> down (BERT, RoBERTa, GPT-2, ViT, T5 v1.0)."""
+
+    def __init__(self, spec: FeedForwardSpec):
+        super().__init__()
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.act = activation(spec.activation)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+FEEDFORWARDS = {"dense": DenseFeedForward}
+
+
+def build_feedforward(spec: FeedForwardSpec) -> nn.Module:
+    if spec.kind not in FEEDFORWARDS:
+        raise ValueError(f"unknown feed-forward {spec.kind!r}; valid: {', '.join(sorted(FEEDFORWARDS))}")
+    return FEEDFORWARDS[spec.kind](spec)

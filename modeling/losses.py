@@ -1,0 +1,69 @@
+"""Task losses with the stock semantics, normalised for gradient accumulation.
+
+Without `num_items_in_batch` each loss is the stock mean. With it (Trainer passes it when the forward takes
+**kwargs, and then does not divide by the accumulation steps itself) the summed loss is divided by the item
+count of the whole accumulated batch, so 2 x 2 accumulation gives the same update as one batch of 4.
+"""
+
+import torch
+from torch.nn import functional as F
+
+
+def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is None:
+        return mean
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(per_item_sum.device)
+    return per_item_sum / num_items_in_batch
+
+
+def cross_entropy(
+    logits: torch.Tensor,  # [N, classes] (any leading shape, flattened here)
+    labels: torch.Tensor,  # [N]
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    labels = labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits, labels, ignore_index=ignore_index)
+    total = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
+    return _reduce(total, total, num_items_in_batch)
+
+
+def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config, num_items_in_batch=None):
+    """Regression, single-label or multi-label, inferred into `config.problem_type` exactly as stock does."""
+    num_labels = config.num_labels
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    labels = labels.to(logits.device)
+    if config.problem_type == "single_label_classification":
+        return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
+    if config.problem_type == "regression":
+        pred, target = (logits.squeeze(), labels.squeeze()) if num_labels == 1 else (logits, labels)
+        err = (pred.float() - target.float()).pow(2)
+        return _reduce(err.sum(), err.mean(), num_items_in_batch)
+    if config.problem_type == "multi_label_classification":
+        err = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+        return _reduce(err.sum(), err.mean(), num_items_in_batch)
+    raise ValueError(f"unknown problem_type {config.problem_type!r}")
+
+
+def span_loss(
+    start_logits: torch.Tensor,  # [B, T]
+    end_logits: torch.Tensor,  # [B, T]
+    start_positions: torch.Tensor,  # [B]
+    end_positions: torch.Tensor,  # [B]
+) -> torch.Tensor:
+    """Extractive QA: positions past the sequence are ignored, as in stock."""
+    ignored = start_logits.size(1)
+    start = start_positions.reshape(-1).clamp(0, ignored).to(start_logits.device)
+    end = end_positions.reshape(-1).clamp(0, ignored).to(end_logits.device)
+    start_loss = cross_entropy(start_logits, start, ignore_index=ignored)
+    end_loss = cross_entropy(end_logits, end, ignore_index=ignored)
+    return (start_loss + end_loss) / 2

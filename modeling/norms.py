@@ -1,0 +1,47 @@
+"""Normalisation layers, chosen by name.
+
+Shapes: B batch, T time, C channels.
+"""
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Scale by the root mean square, no centring and no bias; statistics in fp32 as T5 and Llama do."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        normed = x.float() * torch.rsqrt(variance + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _layernorm(dim: int, eps: float) -> nn.Module:
+    return nn.LayerNorm(dim, eps=eps)
+
+
+def _layernorm_without_bias(dim: int, eps: float) -> nn.Module:
+    return nn.LayerNorm(dim, eps=eps, bias=False)
+
+
+def _none(dim: int, eps: float) -> nn.Module:
+    return nn.Identity()
+
+
+NORMS = {
+    "layernorm": _layernorm,
+    "layernorm_nobias": _layernorm_without_bias,
+    "rmsnorm": RMSNorm,
+    "none": _none,
+}
+
+
+def build_norm(kind: str, dim: int, eps: float) -> nn.Module:
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm {kind!r}; valid: {', '.join(sorted(NORMS))}")
+    return NORMS[kind](dim, eps)

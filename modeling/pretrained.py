@@ -1,0 +1,50 @@
+"""What every fivefold model shares with transformers: weight init by role, saving under our own names with
+shipped code, and loading stock checkpoints directly."""
+
+import os
+from typing import Any
+
+from transformers import PreTrainedModel
+
+
+def _fivefold_conversion():
+    """The installed fivefold converter, or None when this file runs as remote code without fivefold installed
+    (then only checkpoints already in fivefold's layout exist, and transformers ships the code itself)."""
+    try:
+        import fivefold.conversion as conversion
+    except ImportError:
+        return None
+    return conversion
+
+
+class FivefoldPreTrainedModel(PreTrainedModel):
+    def _init_weights(self, module) -> None:
+        # Roles by module type: linear and embedding ~ N(0, initializer_range) with zero bias and zero padding
+        # row, norms to identity; transformers' guarded init leaves loaded tensors alone.
+        super()._init_weights(module)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
+        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
+        conversion = _fivefold_conversion()
+        if conversion is not None and pretrained_model_name_or_path is not None:
+            stock = conversion.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs)
+            if stock is not None:
+                with stock as (config_dir, state_dict):
+                    return super().from_pretrained(
+                        None, *model_args, config=config_dir, state_dict=state_dict, **kwargs
+                    )
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """Saves under fivefold's tensor names with a flat copy of the modeling code and an `auto_map`, so that
+        stock transformers loads the folder with `trust_remote_code=True`."""
+        # transformers' default re-saves under the stock names of any registered conversion: never what we want.
+        kwargs.setdefault("save_original_format", False)
+        conversion = _fivefold_conversion()
+        # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
+        if conversion is not None and self._auto_class is None and kwargs.get("is_main_process", True):
+            os.makedirs(save_directory, exist_ok=True)
+            # Written before the weights so that push_to_hub uploads the code too.
+            self.config.auto_map = conversion.write_remote_code(save_directory, type(self.config))
+        super().save_pretrained(save_directory, *args, **kwargs)
