@@ -288,13 +288,15 @@ def _local_or_hub_config(name_or_path: str | os.PathLike) -> tuple[Path, dict] |
     return config_file.parent, read_json(config_file)
 
 
-def open_stock_checkpoint(cls: type[PreTrainedModel], name_or_path, user_config=None):
+def open_stock_checkpoint(cls: type[PreTrainedModel], name_or_path, user_config: PretrainedConfig | None = None):
     """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
     state dict under our names), or None when `name_or_path` is not a stock checkpoint."""
     found = _local_or_hub_config(name_or_path)
     if found is None:
         return None
     folder, stock = found
+    if not isinstance(user_config, PretrainedConfig):
+        user_config = None  # a path or None: the config comes from the stock checkpoint
     arch = _architectures()(stock.get("model_type")) if stock.get("model_type") else None
     if arch is None or stock["model_type"] != arch.stock_model_type:
         return None

