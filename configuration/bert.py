@@ -3,11 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
+from .base import FivefoldConfigMixin
 from .validation import check_text_encoder
 
 
 @strict(accept_kwargs=True)
-class FivefoldBertConfig(BertConfig):
+class FivefoldBertConfig(FivefoldConfigMixin, BertConfig):
     model_type = "fivefold_bert"
 
     def validate_architecture(self) -> None:

@@ -3,11 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import RobertaConfig
 
+from .base import FivefoldConfigMixin
 from .validation import check_text_encoder
 
 
 @strict(accept_kwargs=True)
-class FivefoldRobertaConfig(RobertaConfig):
+class FivefoldRobertaConfig(FivefoldConfigMixin, RobertaConfig):
     model_type = "fivefold_roberta"
 
     def validate_architecture(self) -> None:

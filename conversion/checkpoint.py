@@ -45,8 +45,10 @@ def read_json(path: Path) -> dict:
 
 def shard_path(folder: Path, name: object, index_file: str) -> Path:
     """The shard file an index names, refusing anything that would leave the folder."""
-    if not isinstance(name, str) or not name or Path(name).is_absolute() or "\\" in name:
+    if not isinstance(name, str) or not name or "\\" in name:
         raise ConversionError(f"{index_file} names an invalid shard file {name!r}")
+    if Path(name).is_absolute():
+        raise ConversionError(f"{index_file} names {name!r}, an absolute path outside the checkpoint folder {folder}")
     path = folder / name
     root = folder.resolve()
     resolved = path.resolve()

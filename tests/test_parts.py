@@ -1,0 +1,153 @@
+"""Invariants of the shared parts and the conversion machinery."""
+
+import pytest
+import torch
+import transformers
+from huggingface_hub.errors import StrictDataclassClassValidationError
+
+import fivefold
+from fivefold.conversion import ConversionError
+from fivefold.conversion.keymap import TRANSFORMS, KeyMap, Rule, renames
+from fivefold.conversion.samples import text_inputs
+from fivefold.modeling.attention import Attention, AttentionSpec
+from fivefold.modeling.feedforward import FeedForwardSpec, build_feedforward
+from fivefold.modeling.norms import RMSNorm, build_norm
+
+
+def test_rmsnorm_matches_torch():
+    x = torch.randn(2, 5, 16)
+    ours, ref = RMSNorm(16, eps=1e-6), torch.nn.RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+    assert (ours(x) - ref(x)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("build", "kind"),
+    [
+        (lambda k: build_norm(k, 8, 1e-5), "batchnorm"),
+        (lambda k: build_feedforward(FeedForwardSpec(k, 8, 16, "gelu")), "moe?"),
+    ],
+)
+def test_registries_name_the_valid_keys(build, kind):
+    with pytest.raises(ValueError, match="valid: "):
+        build(kind)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_kernels_agree(causal):
+    """eager == sdpa, with a padding mask and without; causal via `is_causal` == causal via an explicit mask."""
+    config = fivefold.FivefoldBertConfig(hidden_size=32, num_attention_heads=4)
+    spec = AttentionSpec(hidden_size=32, num_heads=4, num_kv_heads=2, is_causal=causal)
+    attn = Attention(config, spec, layer_idx=0).eval()
+    x = torch.randn(2, 7, 32)
+    outs = {}
+    for impl in ("eager", "sdpa"):
+        config._attn_implementation = impl
+        outs[impl] = attn(x, None)[0]
+    assert (outs["eager"] - outs["sdpa"]).abs().max() < 1e-5
+    keep = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    if causal:
+        keep = keep.tril()
+    keep[1, :, :, 5:] = False
+    config._attn_implementation = "eager"
+    eager_masked = attn(x, keep)[0]
+    config._attn_implementation = "sdpa"
+    assert (attn(x, keep)[0] - eager_masked).abs().max() < 1e-5
+    if causal:  # sdpa's is_causal (no mask) equals an explicit lower-triangular mask under eager
+        config._attn_implementation = "eager"
+        explicit = torch.ones(2, 1, 7, 7, dtype=torch.bool).tril()
+        assert (attn(x, explicit)[0] - outs["sdpa"]).abs().max() < 1e-5
+
+
+def test_our_eager_equals_our_sdpa_on_a_model(converted):
+    _, dst = converted("roberta", "RobertaForMaskedLM")
+    eager = transformers.AutoModelForMaskedLM.from_pretrained(dst, attn_implementation="eager").eval()
+    sdpa = transformers.AutoModelForMaskedLM.from_pretrained(dst, attn_implementation="sdpa").eval()
+    inputs = text_inputs(eager.config)
+    with torch.no_grad():
+        assert (eager(**inputs).logits - sdpa(**inputs).logits).abs().max() < 1e-5
+    sdpa.set_attn_implementation("eager")  # switchable at run time, as transformers expects
+    assert sdpa.config._attn_implementation == "eager"
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(converted):
+    _, dst = converted("bert", "BertForMaskedLM")
+    inputs = text_inputs(transformers.AutoConfig.from_pretrained(dst))
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    grads = []
+    for checkpointing in (False, True):
+        model = transformers.AutoModelForMaskedLM.from_pretrained(
+            dst, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        ).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.is_activation_checkpointing
+        model(**inputs, labels=labels).loss.backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    assert max((grads[0][k] - grads[1][k]).abs().max() for k in grads[0]) < 1e-6
+
+
+def test_tied_decoder_is_shared(converted):
+    _, dst = converted("bert", "BertForMaskedLM")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(dst)
+    assert model.lm_head.decoder.weight is model.model.embeddings.word_embeddings.weight
+
+
+def test_auto_classes_are_registered():
+    from fivefold.architectures import ARCHITECTURES
+
+    for arch in ARCHITECTURES:
+        config = transformers.AutoConfig.for_model(arch.model_type, **arch.tiny)
+        assert type(config) is arch.config_class
+        for auto_name, cls in arch.models.items():
+            model = getattr(transformers, auto_name).from_config(config)
+            assert type(model) is cls
+
+
+def test_config_accepts_stock_fields_and_rejects_inconsistent_ones():
+    stock = transformers.BertConfig(hidden_size=64, num_attention_heads=8, classifier_dropout=0.3).to_dict()
+    ours = fivefold.FivefoldBertConfig.from_dict(stock)
+    assert ours.model_type == "fivefold_bert" and ours.classifier_dropout == 0.3
+    assert ours.to_dict()["model_type"] == "fivefold_bert"
+    # transformers wraps config validation errors; the message names the fields
+    with pytest.raises(StrictDataclassClassValidationError, match="num_attention_heads"):
+        fivefold.FivefoldBertConfig(hidden_size=64, num_attention_heads=7)
+    with pytest.raises(StrictDataclassClassValidationError, match="pad_token_id"):
+        fivefold.FivefoldRobertaConfig(max_position_embeddings=2, pad_token_id=1)
+
+
+def test_keymap_transforms_round_trip():
+    rules = [Rule(("blocks.{}.qkv",), ("layers.{}.q", "layers.{}.k", "layers.{}.v"), "split3")]
+    keymap = KeyMap(rules, renames({"head": "lm_head", "buffer": None}))
+    source = {
+        "m.blocks.0.qkv.weight": torch.randn(6, 4),
+        "m.blocks.1.qkv.bias": torch.randn(6),
+        "head.weight": torch.randn(2, 2),
+        "buffer": torch.zeros(1),
+    }
+    plan = keymap.plan(source, "m", "model")
+    assert plan.dropped == ["buffer"]
+    assert plan.target_shapes({k: tuple(v.shape) for k, v in source.items()})["model.layers.1.v.bias"] == (2,)
+    ours = {}
+    for step in plan.steps:
+        ours.update(plan.run(step, source.__getitem__))
+    expected = {f"model.layers.0.{p}.weight" for p in "qkv"} | {f"model.layers.1.{p}.bias" for p in "qkv"}
+    assert set(ours) == expected | {"lm_head.weight"}
+    back = keymap.plan(ours, "m", "model", inverse=True)
+    restored = {}
+    for step in back.steps:
+        restored.update(back.run(step, ours.__getitem__))
+    assert set(restored) == set(source) - {"buffer"}
+    assert all(torch.equal(restored[k], source[k]) for k in restored)
+    assert TRANSFORMS["transpose"].apply([torch.zeros(2, 3), torch.zeros(3)])[0].shape == (3, 2)
+
+
+def test_keymap_reports_unknown_and_incomplete_groups():
+    keymap = KeyMap([Rule(("a.{}", "b.{}"), ("ab.{}",), "concat2")])
+    with pytest.raises(ConversionError, match="match no conversion rule: zzz"):
+        keymap.plan(["a.0.weight", "b.0.weight", "zzz"], "", "")
+    with pytest.raises(ConversionError, match=r"incomplete tensor group: missing b\.1\.weight"):
+        keymap.plan(["a.1.weight"], "", "")
