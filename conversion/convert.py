@@ -19,10 +19,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _NOT_CONFIG = ("auto_map", "transformers_version", "architectures", "model_type", "_name_or_path", "custom_pipelines")
 
 
-def _architectures():
+def _architecture_for_model_type(model_type: str):
+    # The architecture table imports this package's key maps, so it is looked up at call time.
     from fivefold.architectures import architecture_for_model_type
 
-    return architecture_for_model_type
+    return architecture_for_model_type(model_type)
 
 
 def resolve_source(src: str | os.PathLike) -> Path:
@@ -51,7 +52,7 @@ def read_config(folder: Path) -> dict:
 
 def architecture_of(config: dict, folder: Path, want_stock: bool):
     try:
-        arch = _architectures()(config["model_type"])
+        arch = _architecture_for_model_type(config["model_type"])
     except KeyError as e:
         raise ConversionError(f"{folder / 'config.json'}: {e.args[0]}") from None
     is_stock = config["model_type"] == arch.stock_model_type
@@ -101,8 +102,9 @@ def stock_name_of(arch, target, our_key: str) -> str:
         return our_key
 
 
-def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> dict[str, tuple]:
-    """Shapes of what the plan produces, checked against the target model; returns target shapes."""
+def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> tuple[dict, dict]:
+    """Checks what the plan produces against the target model (shapes; with strict, completeness).
+    Returns the produced shapes and the target's tied tensors ({copy: source})."""
     produced = plan.target_shapes(source_shapes)
     expected, tied = expected_tensors(target, config)
     origin = {t: s for step in plan.steps for t in step.targets for s in step.sources[:1]}
@@ -116,7 +118,7 @@ def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bo
     if strict and missing:
         names = ", ".join(stock_name_of(arch, target, k) for k in missing[:8])
         raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint for {target.__name__}: {names}")
-    return produced
+    return produced, tied
 
 
 def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
@@ -125,10 +127,9 @@ def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
             raise ConversionError(f"tensors {alias!r} and {kept!r} should be the same tensor but differ")
 
 
-def _untie_if_different(plan: Plan, reader, config, target) -> Plan:
+def _drop_tied_copies(plan: Plan, reader, config, tied: dict[str, str]) -> None:
     """A stored copy of a tied tensor is dropped when equal to its source; when it differs the config is untied
     and both are kept, as stock transformers does on load."""
-    _, tied = expected_tensors(target, config)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
     for copy_key, source_key in tied.items():
         if copy_key not in origin or source_key not in origin:
@@ -137,7 +138,6 @@ def _untie_if_different(plan: Plan, reader, config, target) -> Plan:
             plan.steps = [s for s in plan.steps if copy_key not in s.targets]
         else:
             config.tie_word_embeddings = False
-    return plan
 
 
 def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | None):
@@ -214,9 +214,9 @@ def convert(
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
-    check_plan(arch, target, config, plan, shapes, strict=True)
+    _, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     _check_aliases(plan, reader)
-    plan = _untie_if_different(plan, reader, config, target)
+    _drop_tied_copies(plan, reader, config, tied)
     produced = plan.target_shapes(shapes)
     if dtype is not None:
         config.dtype = DTYPES[dtype]
@@ -275,42 +275,38 @@ def export(
     return dst
 
 
-def _local_or_hub_config(name_or_path: str | os.PathLike) -> tuple[Path, dict] | None:
+def _stock_config(name_or_path: str | os.PathLike) -> dict | None:
+    """The config of a local folder or Hub repo, or None where there is none to read (transformers will say)."""
     path = Path(name_or_path)
     if path.is_dir():
-        return (path, read_config(path)) if (path / "config.json").is_file() else None
+        return read_config(path) if (path / "config.json").is_file() else None
     try:
         from huggingface_hub import hf_hub_download
 
-        config_file = Path(hf_hub_download(str(name_or_path), "config.json"))
+        return read_json(Path(hf_hub_download(str(name_or_path), "config.json")))
     except Exception:
-        return None  # let transformers report what is wrong
-    return config_file.parent, read_json(config_file)
+        return None
 
 
 def open_stock_checkpoint(cls: type[PreTrainedModel], name_or_path, user_config: PretrainedConfig | None = None):
     """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
     state dict under our names), or None when `name_or_path` is not a stock checkpoint."""
-    found = _local_or_hub_config(name_or_path)
-    if found is None:
+    stock = _stock_config(name_or_path)
+    if stock is None or not stock.get("model_type"):
         return None
-    folder, stock = found
-    if not isinstance(user_config, PretrainedConfig):
-        user_config = None  # a path or None: the config comes from the stock checkpoint
-    arch = _architectures()(stock.get("model_type")) if stock.get("model_type") else None
-    if arch is None or stock["model_type"] != arch.stock_model_type:
+    try:
+        arch = _architecture_for_model_type(stock["model_type"])
+    except KeyError:
         return None
+    if stock["model_type"] != arch.stock_model_type:
+        return None  # already fivefold's layout
     if arch.config_class.__name__ != cls.config_class.__name__:
         raise ConversionError(
             f"{name_or_path} is a {stock['model_type']} checkpoint; {cls.__name__} loads {cls.config_class.model_type}"
         )
-    if (
-        not folder.joinpath("model.safetensors").exists()
-        and not any(folder.glob("*.bin"))
-        and not any(folder.glob("*.safetensors*"))
-    ):
-        folder = resolve_source(name_or_path)
-    return _stock_state(arch, cls, folder, stock, user_config)
+    if not isinstance(user_config, PretrainedConfig):
+        user_config = None  # a path or None: the config comes from the stock checkpoint
+    return _stock_state(arch, cls, resolve_source(name_or_path), stock, user_config)
 
 
 @contextmanager

@@ -11,8 +11,8 @@ def build_stock_checkpoint(
     stock_model_type: str, stock_class: str, folder: str | os.PathLike, seed: int = 0, **config_overrides
 ) -> Path:
     """Random-initialises a stock model (fixed seed) from the tiny config and saves it with `save_pretrained`,
-    i.e. exactly the public layout. Parameters are redrawn wider than the default init so that every part
-    (attention pattern, norms, biases) visibly shapes the output."""
+    i.e. exactly the public layout. Noise is added on top of the stock init so that every part (attention
+    pattern, norms, biases) visibly shapes the output."""
     from fivefold.architectures import architecture_for_model_type
 
     arch = architecture_for_model_type(stock_model_type)
@@ -20,8 +20,8 @@ def build_stock_checkpoint(
     torch.manual_seed(seed)
     model = getattr(transformers, stock_class)(config)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.normal_(1.0 if name.endswith("LayerNorm.weight") or name.endswith("layer_norm.weight") else 0.0, 0.2)
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(folder)
     return Path(folder)
 

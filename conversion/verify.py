@@ -41,8 +41,7 @@ def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
             raise AssertionError(f"output {key} missing from the fivefold model")
         if got[key].shape != value.shape:
             raise AssertionError(f"output {key}: shape {tuple(got[key].shape)} != stock {tuple(value.shape)}")
-        batch_mask = mask if value.shape[0] == mask.shape[0] else inputs["attention_mask"]
-        diffs[key] = max_abs_diff(value, got[key], batch_mask)
+        diffs[key] = max_abs_diff(value, got[key], mask)
     return diffs
 
 

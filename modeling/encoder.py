@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
-from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention import Attention
@@ -71,7 +70,6 @@ class EncoderModel(EncoderPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
-    @merge_with_config_defaults
     @capture_outputs
     def forward(
         self,

@@ -18,10 +18,10 @@ def _fivefold_conversion():
 
 
 class FivefoldPreTrainedModel(PreTrainedModel):
-    def _init_weights(self, module) -> None:
-        # Roles by module type: linear and embedding ~ N(0, initializer_range) with zero bias and zero padding
-        # row, norms to identity; transformers' guarded init leaves loaded tensors alone.
-        super()._init_weights(module)
+    # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
+    # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
+    # It is guarded, so it never overwrites a loaded tensor, and no part keeps a buffer that meta loading would
+    # leave uninitialised.
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
