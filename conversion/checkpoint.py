@@ -208,12 +208,17 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
         seen.add(ptr)
 
 
-@contextmanager
-def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
-    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes."""
+def check_destination(dst: str | os.PathLike, force: bool) -> Path:
     dst = Path(dst)
     if dst.exists() and not force:
         raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    return dst
+
+
+@contextmanager
+def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
+    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes."""
+    dst = check_destination(dst, force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,7 +11,15 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .checkpoint import CheckpointReader, atomic_folder, copy_side_files, parse_size, read_json, write_safetensors
+from .checkpoint import (
+    CheckpointReader,
+    atomic_folder,
+    check_destination,
+    copy_side_files,
+    parse_size,
+    read_json,
+    write_safetensors,
+)
 from .errors import ConversionError
 from .keymap import Plan
 from .remote_code import write_remote_code
@@ -164,6 +173,14 @@ def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
     return sizes
 
 
+def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, produced, dtype, max_shard_size, progress):
+    sizes = _sizes(produced, plan, reader, dtype)
+    write_safetensors(tmp, sizes, _materializer(plan, reader, dtype), parse_size(max_shard_size), progress)
+    if (src / "generation_config.json").is_file():
+        shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
+    copy_side_files(src, tmp)
+
+
 def model_card(base_model: str, target: str, model_type: str) -> str:
     return f"""---
 base_model: {base_model}
@@ -203,9 +220,7 @@ def convert(
     """
     if dtype is not None and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    dst = Path(dst)
-    if dst.exists() and not force:
-        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    dst = check_destination(dst, force)
     folder = resolve_source(src)
     stock = read_config(folder)
     arch = architecture_of(stock, folder, want_stock=True)
@@ -222,15 +237,9 @@ def convert(
         config.dtype = DTYPES[dtype]
 
     with atomic_folder(dst, force) as tmp:
-        sizes = _sizes(produced, plan, reader, DTYPES.get(dtype))
-        write_safetensors(
-            tmp, sizes, _materializer(plan, reader, DTYPES.get(dtype)), parse_size(max_shard_size), progress
-        )
+        _write_weights_and_side_files(tmp, folder, plan, reader, produced, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
-        if (folder / "generation_config.json").is_file():
-            (tmp / "generation_config.json").write_bytes((folder / "generation_config.json").read_bytes())
-        copy_side_files(folder, tmp)
         (tmp / "README.md").write_text(model_card(str(src), target.__name__, arch.model_type), encoding="utf-8")
     return dst
 
@@ -251,9 +260,7 @@ def export(
     """Writes a fivefold checkpoint back in the stock layout (the inverse key map: a lossless round trip)."""
     from fivefold.architectures import stock_class_name
 
-    dst = Path(dst)
-    if dst.exists() and not force:
-        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    dst = check_destination(dst, force)
     folder = resolve_source(src)
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)
@@ -265,13 +272,9 @@ def export(
     produced = plan.target_shapes(shapes)
 
     with atomic_folder(dst, force) as tmp:
-        write_safetensors(tmp, _sizes(produced, plan, reader, None), _materializer(plan, reader, None),
-                          parse_size(max_shard_size), progress)  # fmt: skip
+        _write_weights_and_side_files(tmp, folder, plan, reader, produced, None, max_shard_size, progress)
         stock = stock_config_dict(arch, ours, stock_class_name(target))
         (tmp / "config.json").write_text(json.dumps(stock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if (folder / "generation_config.json").is_file():
-            (tmp / "generation_config.json").write_bytes((folder / "generation_config.json").read_bytes())
-        copy_side_files(folder, tmp)
     return dst
 
 

@@ -1,0 +1,75 @@
+"""Loading options work as in transformers: dtype, device_map with offload, init of missing weights."""
+
+import torch
+import transformers
+
+import fivefold
+from fivefold.conversion.samples import text_inputs
+from fivefold.modeling.attention import AttentionSpec
+from fivefold.modeling.block import Block, BlockSpec
+from fivefold.modeling.feedforward import FeedForwardSpec
+
+
+def test_dtype_and_offloaded_device_map(converted, tmp_path):
+    _, dst = converted("bert", "BertForSequenceClassification")
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(dst).eval()
+    half = transformers.AutoModelForSequenceClassification.from_pretrained(dst, dtype=torch.bfloat16).eval()
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())
+    device_map = {"model.embeddings": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                  "model.norm": "cpu", "model.pooler": "cpu", "classifier": "cpu"}  # fmt: skip
+    offloaded = transformers.AutoModelForSequenceClassification.from_pretrained(
+        dst, device_map=device_map, offload_folder=str(tmp_path / "offload")
+    ).eval()
+    assert offloaded.hf_device_map["model.layers.1"] == "disk"
+    inputs = text_inputs(reference.config)
+    with torch.no_grad():
+        expected = reference(**inputs).logits
+        assert (offloaded(**inputs).logits - expected).abs().max() <= 1e-5
+        assert (half(**inputs).logits.float() - expected).abs().max() < 0.1
+
+
+def test_missing_head_is_initialised_by_role(converted):
+    """A classifier head loaded from an MLM checkpoint is new: N(0, initializer_range) weights, zero bias;
+    everything else comes from the checkpoint."""
+    _, dst = converted("roberta", "RobertaForMaskedLM")
+    model = fivefold.FivefoldRobertaForTokenClassification.from_pretrained(dst, num_labels=5)
+    std = model.config.initializer_range
+    weight = model.classifier.weight
+    assert torch.isfinite(weight).all() and abs(weight.std().item() - std) < std * 0.5
+    assert torch.count_nonzero(model.classifier.bias) == 0
+    mlm = transformers.AutoModelForMaskedLM.from_pretrained(dst)
+    assert torch.equal(mlm.model.layers[1].attn.q_proj.weight, model.model.layers[1].attn.q_proj.weight)
+
+
+def test_fresh_model_initialisation():
+    config = fivefold.FivefoldBertConfig(
+        vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    model = fivefold.FivefoldBertForMaskedLM(config)
+    words = model.model.embeddings.word_embeddings.weight
+    assert torch.count_nonzero(words[config.pad_token_id]) == 0
+    assert abs(words.std().item() - config.initializer_range) < 0.005
+    norm = model.model.layers[0].norm_after_attn
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and torch.count_nonzero(norm.bias) == 0
+    assert model.lm_head.decoder.weight is words  # tied
+
+
+def test_prenorm_block_places_norms_before_each_sublayer():
+    """The same block in pre-norm placement: x + attn(norm(x)), then h + mlp(norm(h)); no norm after."""
+    config = fivefold.FivefoldBertConfig(hidden_size=16, num_attention_heads=2)
+    spec = BlockSpec(
+        attention=AttentionSpec(hidden_size=16, num_heads=2),
+        feedforward=FeedForwardSpec("dense", 16, 24, "gelu"),
+        norm="layernorm",
+        norm_eps=1e-5,
+        prenorm=True,
+    )
+    block = Block(config, spec, layer_idx=0).eval()
+    assert isinstance(block.norm_after_attn, torch.nn.Identity) and isinstance(block.norm_after_mlp, torch.nn.Identity)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+        x = torch.randn(2, 5, 16)
+        h = x + block.attn(block.norm_before_attn(x))[0]
+        expected = h + block.mlp(block.norm_before_mlp(h))
+        assert (block(x) - expected).abs().max() < 1e-6
