@@ -222,6 +222,10 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
+        # mkdtemp makes the folder private (0700); the result should have the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
         yield tmp
         if dst.exists():
             old = dst.with_name(f".{dst.name}.old-{os.getpid()}")

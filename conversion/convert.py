@@ -201,7 +201,8 @@ from transformers import AutoModel
 model = AutoModel.from_pretrained("path/to/this/folder")
 ```
 
-Without fivefold installed, load it with `trust_remote_code=True`: the modeling code ships in this folder.
+Without fivefold installed, pass `trust_remote_code=True` to the model's and the tokenizer's `from_pretrained`:
+the modeling code ships in this folder.
 """
 
 

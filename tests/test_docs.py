@@ -1,0 +1,29 @@
+"""Every snippet in the README and docs/ runs: python blocks and runnable shell blocks, page by page in order,
+with the pages' scratch folder /tmp/x moved into the test's temporary folder."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = ("pip install", "pytest", "ruff ", "path/to")  # set-up commands, the test command, placeholders
+
+
+def snippets(page: Path) -> list[tuple[str, str]]:
+    found = re.findall(r"```(\w+)\n(.*?)```", page.read_text(), re.S)
+    return [(lang, code) for lang, code in found if lang in ("python", "bash") and not any(s in code for s in NOT_RUN)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_page_snippets_run(page, tmp_path):
+    scratch = str(tmp_path / "x")
+    for i, (lang, code) in enumerate(snippets(page)):
+        code = code.replace("/tmp/x", scratch)
+        command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert result.returncode == 0, f"{page.name} snippet {i} ({lang}) failed:\n{code}\n{result.stderr[-3000:]}"
