@@ -93,3 +93,34 @@ def test_save_pretrained_ships_code_and_our_names(converted, tmp_path):
     with torch.no_grad():
         assert (remote["logits"] - model(**inputs).logits).abs().max() <= 1e-5
     assert fivefold.FivefoldRobertaForSequenceClassification.from_pretrained(saved) is not None
+
+
+def test_push_to_hub_uploads_our_names_and_the_code(converted, monkeypatch):
+    """push_to_hub() goes through our save_pretrained: fivefold tensor names and the flat code are uploaded.
+    (The Hub itself is mocked here; the loopback Hub round trip comes later.)"""
+    from types import SimpleNamespace
+
+    from safetensors import safe_open
+    from transformers.utils import hub
+
+    uploaded = {}
+
+    def fake_upload(self, folder, repo_id, **kwargs):
+        from pathlib import Path
+
+        folder = Path(folder)
+        uploaded["files"] = sorted(p.name for p in folder.iterdir())
+        uploaded["keys"] = set(safe_open(str(folder / "model.safetensors"), "pt").keys())
+        uploaded["config"] = json.loads((folder / "config.json").read_text())
+
+    api = SimpleNamespace(create_repo=lambda repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(hub, "hf_api", lambda: api)
+    monkeypatch.setattr(hub, "create_and_tag_model_card", lambda *a, **k: SimpleNamespace(save=lambda path: None))
+    monkeypatch.setattr(hub.PushToHubMixin, "_upload_modified_files", fake_upload)
+
+    _, dst = converted("bert", "BertForTokenClassification")
+    transformers.AutoModelForTokenClassification.from_pretrained(dst).push_to_hub("someone/tiny-fivefold-bert")
+    assert "modeling_bert.py" in uploaded["files"] and "configuration_bert.py" in uploaded["files"]
+    assert "model.layers.0.attn.q_proj.weight" in uploaded["keys"]
+    assert not any(k.startswith("bert.") for k in uploaded["keys"])
+    assert uploaded["config"]["auto_map"]["AutoModelForTokenClassification"].startswith("modeling_bert.")
