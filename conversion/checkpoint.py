@@ -97,10 +97,7 @@ class CheckpointReader:
             self._handles[file] = handle
             return list(handle.keys())
         try:
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:
-            # Files saved before torch's zip format cannot be memory-mapped.
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            state = _load_weights_only(file)
         except Exception as e:  # the unpickler refuses anything but tensors and plain containers
             raise ConversionError(f"{file.name} is not a loadable weights-only checkpoint: {e}") from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -134,6 +131,14 @@ class CheckpointReader:
             return self._handles[file].get_tensor(key)
         except (SafetensorError, OSError, ValueError) as e:
             raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
+
+
+def _load_weights_only(file: Path):
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        # Files saved before torch's zip format cannot be memory-mapped; still weights-only.
+        return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def parse_size(size: int | str) -> int:

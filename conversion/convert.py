@@ -111,23 +111,58 @@ def stock_name_of(arch, target, our_key: str) -> str:
         return our_key
 
 
-def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> tuple[dict, dict]:
-    """Checks what the plan produces against the target model (shapes; with strict, completeness).
-    Returns the produced shapes and the target's tied tensors ({copy: source})."""
-    produced = plan.target_shapes(source_shapes)
+def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
+    """Every tensor any model of the architecture has, named as in a `target` checkpoint, with its shapes.
+    Tensors a checkpoint holds for another head (bert-base-uncased's pooler and NSP head in a masked-LM
+    checkpoint) are kept for the round trip; anything outside this set is refused."""
+    base_prefix = our_prefix(arch, target)
+    known: dict[str, set[tuple]] = {}
+    for cls in arch.models.values():
+        shapes, _ = expected_tensors(cls, config)
+        for key, shape in shapes.items():
+            if cls is arch.base_model and base_prefix:
+                key = f"{base_prefix}.{key}"
+            elif cls is not arch.base_model and not base_prefix:
+                key = key.removeprefix(f"{cls.base_model_prefix}.")
+            known.setdefault(key, set()).add(shape)
+    return known
+
+
+def check_tensors(
+    arch, target, config, shapes: dict[str, tuple], origin: dict[str, str] | None, strict: bool
+) -> dict[str, str]:
+    """Checks tensors named as ours against the target model: every one is a tensor of the architecture with
+    the right shape, and (strict) none of the target's is missing. `origin` maps each to its name in the stock
+    checkpoint being read (None: the checkpoint read is ours). Returns the target's tied tensors ({copy: source})."""
+    stock_names = origin is not None
+    origin = origin if stock_names else {k: k for k in shapes}
     expected, tied = expected_tensors(target, config)
-    origin = {t: s for step in plan.steps for t in step.targets for s in step.sources[:1]}
-    for key, shape in produced.items():
-        if key in expected and expected[key] != shape:
+    known = known_tensors(arch, target, config)
+    for key, shape in shapes.items():
+        wanted = {expected[key]} if key in expected else known.get(key)
+        if not wanted:
             raise ConversionError(
-                f"tensor {origin[key]!r} has shape {list(source_shapes[origin[key]])}; {target.__name__} needs "
-                f"{list(expected[key])} for {key!r} (config: {config.model_type})"
+                f"tensor {origin[key]!r} has no place in a {arch.model_type} model (it would be {key!r})"
             )
-    missing = sorted(set(expected) - set(produced) - set(tied))
+        if tuple(shape) not in wanted:
+            need = " or ".join(str(list(w)) for w in sorted(wanted))
+            raise ConversionError(
+                f"tensor {origin[key]!r} has shape {list(shape)}; {target.__name__} needs {need} for {key!r} "
+                f"(config: {config.model_type})"
+            )
+    missing = sorted(set(expected) - set(shapes) - set(tied))
     if strict and missing:
-        names = ", ".join(stock_name_of(arch, target, k) for k in missing[:8])
+        names = ", ".join(stock_name_of(arch, target, k) if stock_names else k for k in missing[:8])
         raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint for {target.__name__}: {names}")
-    return produced, tied
+    return tied
+
+
+def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> tuple[dict, dict]:
+    """Checks what the plan produces against the target model. Returns the produced shapes and the target's
+    tied tensors ({copy: source})."""
+    produced = plan.target_shapes(source_shapes)
+    origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
+    return produced, check_tensors(arch, target, config, produced, origin, strict)
 
 
 def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
@@ -266,10 +301,12 @@ def export(
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)
     target = model_class_of(arch, ours, folder)
+    config = arch.config_class.from_dict(ours)
     reader = CheckpointReader(folder)
+    shapes = {k: reader.shape(k) for k in reader.keys()}
+    check_tensors(arch, target, config, shapes, None, strict=True)
     stock_prefix = "" if target is arch.base_model else arch.stock_prefix
     plan = arch.keys.plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
-    shapes = {k: reader.shape(k) for k in reader.keys()}
     produced = plan.target_shapes(shapes)
 
     with atomic_folder(dst, force) as tmp:

@@ -86,7 +86,7 @@ class Attention(nn.Module):
         self.is_causal = spec.is_causal
         self.num_key_value_groups = self.num_heads // self.num_kv_heads
         self.scaling = spec.scaling if spec.scaling is not None else self.head_dim**-0.5
-        self.dropout = spec.dropout
+        self.dropout = nn.Dropout(spec.dropout)  # a module, so that code adjusting every nn.Dropout reaches it
 
         self.q_proj = nn.Linear(spec.hidden_size, self.num_heads * self.head_dim, bias=spec.bias)
         self.k_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
@@ -115,7 +115,7 @@ class Attention(nn.Module):
             value,
             attention_mask,
             scaling=self.scaling,
-            dropout=self.dropout if self.training else 0.0,
+            dropout=self.dropout.p if self.training else 0.0,
             **kwargs,
         )  # out: [B, T, H, D]
         return self.o_proj(out.reshape(b, t, -1)), weights

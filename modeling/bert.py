@@ -21,6 +21,9 @@ from .feedforward import FeedForwardSpec
 
 
 def bert_recipe(config) -> EncoderRecipe:
+    classifier_dropout = (
+        config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    )
     block = BlockSpec(
         attention=AttentionSpec(
             hidden_size=config.hidden_size,
@@ -55,6 +58,8 @@ def bert_recipe(config) -> EncoderRecipe:
         lm_head_act=config.hidden_act,
         lm_head_norm="layernorm",
         sequence_classifier="pooled",
+        classifier_dropout=classifier_dropout,
+        multiple_choice_dropout=classifier_dropout,
     )
 
 

@@ -42,6 +42,11 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
         raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
 
 
+def check_token_type_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> None:
+    if token_type_ids.numel() and bool(((token_type_ids < 0) | (token_type_ids >= type_vocab_size)).any()):
+        raise ValueError(f"token_type_ids must lie in [0, {type_vocab_size}) (type_vocab_size)")
+
+
 def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
     if position_ids.numel() and bool((position_ids >= max_positions).any() | (position_ids < 0).any()):
         raise ValueError(
@@ -78,7 +83,8 @@ class TokenEmbeddings(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if input_ids is not None:
-            check_token_ids(input_ids, self.spec.vocab_size)
+            # The live table size, not the configured one: resize_token_embeddings may have grown it.
+            check_token_ids(input_ids, self.word_embeddings.num_embeddings)
             inputs_embeds = self.word_embeddings(input_ids)
         batch, length, _ = inputs_embeds.shape
         if position_ids is None:
@@ -86,10 +92,8 @@ class TokenEmbeddings(nn.Module):
         check_position_ids(position_ids, self.spec.max_positions)
         if token_type_ids is None:
             token_type_ids = torch.zeros((batch, length), dtype=torch.long, device=inputs_embeds.device)
-        elif token_type_ids.numel() and bool(
-            ((token_type_ids < 0) | (token_type_ids >= self.spec.type_vocab_size)).any()
-        ):
-            raise ValueError(f"token_type_ids must lie in [0, {self.spec.type_vocab_size})")
+        else:
+            check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
 
         hidden = inputs_embeds + self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
         return self.dropout(self.norm(hidden))

@@ -30,10 +30,15 @@ class EncoderRecipe:
     lm_head_act: str  # activation inside the masked-LM head
     lm_head_norm: str
     sequence_classifier: str  # key in heads.SEQUENCE_CLASSIFIERS
+    classifier_dropout: float  # before the sequence and token classifiers
+    multiple_choice_dropout: float  # before the multiple-choice scorer
 
 
 def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int) -> None:
-    if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
+    """A [B, T] padding mask must match the inputs; a ready-made 4D mask is passed through as in stock."""
+    if attention_mask is None or attention_mask.dim() == 4:
+        return
+    if tuple(attention_mask.shape) != (batch, length):
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, seq_len) = {(batch, length)}"
         )

@@ -36,10 +36,6 @@ class ForPreTrainingOutput(ModelOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-def classifier_dropout(config) -> float:
-    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-
-
 # Checkpoints often carry every head (bert-base-uncased holds pooler and NSP weights); heads that do not use
 # them ignore them quietly on load.
 UNUSED_HEAD_KEYS = [r"^model\.pooler\.", r"^nsp_head\.", r"^lm_head\."]
@@ -182,10 +178,11 @@ class EncoderForSequenceClassification(EncoderTaskModel):
 
     def __init__(self, config):
         super().__init__(config)
-        kind = self.base_model_class.recipe(config).sequence_classifier
+        recipe = self.base_model_class.recipe(config)
+        kind = recipe.sequence_classifier
         self.model = self._encoder(config, add_pooling_layer=kind in CLASSIFIERS_NEEDING_POOLER)
         self.classifier = build_sequence_classifier(
-            kind, config.hidden_size, config.num_labels, classifier_dropout(config)
+            kind, config.hidden_size, config.num_labels, recipe.classifier_dropout
         )
         self.post_init()
 
@@ -215,7 +212,7 @@ class EncoderForMultipleChoice(EncoderTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=True)
-        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.dropout = nn.Dropout(self.base_model_class.recipe(config).multiple_choice_dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
@@ -257,7 +254,7 @@ class EncoderForTokenClassification(EncoderTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.dropout = nn.Dropout(self.base_model_class.recipe(config).classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

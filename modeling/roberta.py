@@ -22,6 +22,7 @@ def roberta_recipe(config) -> EncoderRecipe:
         embeddings=dataclasses.replace(bert.embeddings, positions_after_padding=True),
         lm_head_act="gelu",
         sequence_classifier="first_token",
+        multiple_choice_dropout=config.hidden_dropout_prob,  # stock RoBERTa ignores classifier_dropout here
     )
 
 

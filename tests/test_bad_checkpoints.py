@@ -65,6 +65,45 @@ def test_unknown_tensor(bert_src, tmp_path):
     _assert_fails(bert_src, tmp_path / "dst", "bert.encoder.layer.0.adapter.weight")
 
 
+@pytest.mark.parametrize(
+    ("extra", "shape"),
+    [
+        ("bert.encoder.layer.0.attention.self.query.lora_A.weight", (4, 32)),  # under a known module
+        ("bert.encoder.layer.2.attention.self.query.weight", (32, 32)),  # a layer the config does not have
+        ("classifier.weight", (7, 5)),  # another head's tensor, of a shape no head has
+    ],
+)
+def test_tensor_without_a_place_is_refused(bert_src, tmp_path, extra, shape):
+    _rewrite_tensors(bert_src, lambda t: t.__setitem__(extra, torch.zeros(shape)))
+    _assert_fails(bert_src, tmp_path / "dst", extra)
+
+
+def test_old_format_pickle_is_refused(bert_src, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (bert_src / "model.safetensors").unlink()
+    torch.save({"x": Payload()}, bert_src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    _assert_fails(bert_src, tmp_path / "dst", "pytorch_model.bin", "weights-only")
+    assert not marker.exists()
+
+
+def test_export_checks_the_fivefold_checkpoint(converted, tmp_path):
+    _, dst = converted("bert", "BertForMaskedLM")
+    broken = _copy(dst, tmp_path / "broken")
+    _rewrite_tensors(broken, lambda t: t.pop("model.layers.1.attn.q_proj.weight"))
+    with pytest.raises(ConversionError, match=r"missing .*model\.layers\.1\.attn\.q_proj\.weight"):
+        fivefold.export(broken, tmp_path / "out", progress=False)
+    broken = _copy(dst, tmp_path / "broken2")
+    _rewrite_tensors(broken, lambda t: t.__setitem__("model.layers.0.attn.k_proj.weight", torch.zeros(5, 3)))
+    with pytest.raises(ConversionError, match=r"\[5, 3\]"):
+        fivefold.export(broken, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_model_type(bert_src, tmp_path):
     config = json.loads((bert_src / "config.json").read_text())
     (bert_src / "config.json").write_text(json.dumps({**config, "model_type": "xlnet"}))

@@ -117,3 +117,30 @@ def test_task_losses_match_stock(converted):
     with torch.no_grad():
         a, b = stock(**inputs, labels=torch.tensor([1, 0, 1])), ours(**inputs, labels=torch.tensor([1, 0, 1]))
     assert abs(a.loss - b.loss) <= TOL
+
+
+@pytest.mark.parametrize(
+    ("model_type", "stock_name"),
+    [
+        ("bert", "BertForSequenceClassification"),
+        ("bert", "BertForMultipleChoice"),
+        ("bert", "BertForPreTraining"),
+        ("roberta", "RobertaForSequenceClassification"),
+        ("roberta", "RobertaForMultipleChoice"),
+        ("roberta", "RobertaForTokenClassification"),
+    ],
+)
+def test_training_mode_dropout_matches_stock(converted, model_type, stock_name):
+    """Same seed, same dropout masks: outputs in train mode equal stock's only if every dropout sits where stock
+    puts it, with the same probability (classifier_dropout differs from hidden_dropout_prob here)."""
+    src, dst = converted(model_type, stock_name)
+    arch = next(a for a in ARCHITECTURES if a.stock_model_type == model_type)
+    kwargs = dict(classifier_dropout=0.5, attn_implementation="eager")
+    stock = getattr(transformers, stock_name).from_pretrained(src, **kwargs).train()
+    ours = arch.class_named(stock_name).from_pretrained(dst, **kwargs).train()
+    inputs = text_inputs(stock.config, choices=2 if stock_name.endswith("ForMultipleChoice") else None)
+    torch.manual_seed(123)
+    expected = stock(**inputs)[0]
+    torch.manual_seed(123)
+    got = ours(**inputs)[0]
+    assert (expected - got).abs().max() <= TOL

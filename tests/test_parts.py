@@ -76,7 +76,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(converted):
     _, dst = converted("bert", "BertForMaskedLM")
     inputs = text_inputs(transformers.AutoConfig.from_pretrained(dst))
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
-    grads = []
+    grads, block_calls = [], []
     for checkpointing in (False, True):
         model = transformers.AutoModelForMaskedLM.from_pretrained(
             dst, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
@@ -84,10 +84,24 @@ def test_gradient_checkpointing_gives_the_same_gradients(converted):
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.is_activation_checkpointing
+        calls = []
+        for layer in model.model.layers:
+            layer.mlp.register_forward_hook(lambda *args, calls=calls: calls.append(1))
         model(**inputs, labels=labels).loss.backward()
+        block_calls.append(len(calls))
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    # checkpointing re-runs each block's forward during backward: the memory saving really happens
+    assert block_calls == [2, 4]
     assert grads[0].keys() == grads[1].keys()
     assert max((grads[0][k] - grads[1][k]).abs().max() for k in grads[0]) < 1e-6
+
+
+def test_resized_embeddings_accept_new_ids(converted):
+    _, dst = converted("bert", "BertForMaskedLM")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(dst).eval()
+    model.resize_token_embeddings(model.config.vocab_size + 6)
+    logits = model(input_ids=torch.tensor([[2, model.config.vocab_size - 1]])).logits
+    assert logits.shape[-1] == model.config.vocab_size
 
 
 def test_tied_decoder_is_shared(converted):
