@@ -45,9 +45,11 @@ def resolve_source(src: str | os.PathLike) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(
-            snapshot_download(str(src), allow_patterns=["*.json", "*.safetensors", "*.bin", "*.txt", "*.model"])
-        )
+        side = ["*.json", "*.txt", "*.model"]
+        folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.safetensors"]))
+        if not any(folder.glob("*.safetensors")):  # legacy repos hold only .bin weights
+            folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.bin"]))
+        return folder
     except Exception as e:
         raise ConversionError(f"{src} is neither a local folder nor a reachable Hub repo: {e}") from None
 

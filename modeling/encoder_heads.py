@@ -5,8 +5,6 @@ An architecture subclasses each one in a line, naming its config and base model 
 Shapes: B batch, N choices, T time, C channels, V vocabulary, L labels.
 """
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from transformers.modeling_outputs import (
@@ -17,24 +15,12 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput
+from transformers.models.bert.modeling_bert import BertForPreTrainingOutput as ForPreTrainingOutput
 from transformers.utils.generic import can_return_tuple
 
 from .encoder import EncoderModel, EncoderPreTrainedModel
 from .heads import CLASSIFIERS_NEEDING_POOLER, MaskedLMHead, build_sequence_classifier
 from .losses import cross_entropy, sequence_classification_loss, span_loss
-
-
-@dataclass
-class ForPreTrainingOutput(ModelOutput):
-    """Field names of stock `BertForPreTrainingOutput`."""
-
-    loss: torch.Tensor | None = None
-    prediction_logits: torch.Tensor | None = None
-    seq_relationship_logits: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
 
 # Checkpoints often carry every head (bert-base-uncased holds pooler and NSP weights); heads that do not use
 # them ignore them quietly on load.
