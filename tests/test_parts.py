@@ -165,3 +165,18 @@ def test_keymap_reports_unknown_and_incomplete_groups():
         keymap.plan(["a.0.weight", "b.0.weight", "zzz"], "", "")
     with pytest.raises(ConversionError, match=r"incomplete tensor group: missing b\.1\.weight"):
         keymap.plan(["a.1.weight"], "", "")
+
+
+def test_lora_configs_match_the_conventional_names(converted):
+    """Users' LoRA configs (target_modules=["q_proj", "v_proj"], or "all-linear") find fivefold's layers."""
+    import peft  # in the test extras
+
+    _, dst = converted("bert", "BertForSequenceClassification")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(dst)
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
+    adapted = {name.split(".")[-1] for name, module in lora.named_modules() if hasattr(module, "lora_A")}
+    assert adapted == {"q_proj", "v_proj"}
+    inputs = text_inputs(model.config)
+    lora(**inputs, labels=torch.tensor([0, 1, 1])).loss.backward()
+    trainable = [p for p in lora.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None for p in trainable if p.dim() == 2)

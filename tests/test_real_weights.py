@@ -80,3 +80,14 @@ def test_stock_folder_loads_directly(minilm):
     batch = tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
     with torch.no_grad():
         assert (stock(**batch).last_hidden_state - ours(**batch).last_hidden_state).abs().max() <= 1e-4
+
+
+def test_pipelines_load_the_converted_folder(minilm):
+    src, dst = minilm
+    ours = transformers.pipeline("feature-extraction", model=str(dst))
+    stock = transformers.pipeline("feature-extraction", model=str(src))
+    assert type(ours.model).__name__ == "FivefoldBertModel"
+    a, b = torch.tensor(ours(SENTENCES[0])), torch.tensor(stock(SENTENCES[0]))
+    assert (a - b).abs().max() <= 1e-4
+    fill = transformers.pipeline("fill-mask", model=str(dst))  # MiniLM has no MLM head: a new one, but it runs
+    assert type(fill.model).__name__ == "FivefoldBertForMaskedLM" and len(fill("paris is the [MASK] of france.")) == 5
