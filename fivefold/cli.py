@@ -35,8 +35,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # Keep transformers' load reports off the terminal: the tables here say what matters.
+    # Keep transformers' load reports and loading bars off the terminal: the tables here say what matters.
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         if args.command == "convert":
             from fivefold.conversion import convert
