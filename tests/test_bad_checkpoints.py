@@ -78,19 +78,6 @@ def test_tensor_without_a_place_is_refused(bert_src, tmp_path, extra, shape):
     _assert_fails(bert_src, tmp_path / "dst", extra)
 
 
-def test_old_format_pickle_is_refused(bert_src, tmp_path):
-    marker = tmp_path / "pwned"
-
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(marker), "w"))
-
-    (bert_src / "model.safetensors").unlink()
-    torch.save({"x": Payload()}, bert_src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
-    _assert_fails(bert_src, tmp_path / "dst", "pytorch_model.bin", "weights-only")
-    assert not marker.exists()
-
-
 def test_export_checks_the_fivefold_checkpoint(converted, tmp_path):
     _, dst = converted("bert", "BertForMaskedLM")
     broken = _copy(dst, tmp_path / "broken")
@@ -148,15 +135,22 @@ def test_truncated_safetensors(bert_src, tmp_path):
     _assert_fails(bert_src, tmp_path / "dst", "model.safetensors")
 
 
-def test_pickle_that_runs_code_is_refused(bert_src, tmp_path):
+class _CreatesAFile:
+    """Unpickling this would run `open(path, "w")`."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_pickle_that_runs_code_is_refused(bert_src, tmp_path, zip_format):
     marker = tmp_path / "pwned"
-
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(marker), "w"))
-
     (bert_src / "model.safetensors").unlink()
-    torch.save({"bert.embeddings.word_embeddings.weight": Payload()}, bert_src / "pytorch_model.bin")
+    payload = {"bert.embeddings.word_embeddings.weight": _CreatesAFile(marker)}
+    torch.save(payload, bert_src / "pytorch_model.bin", _use_new_zipfile_serialization=zip_format)
     _assert_fails(bert_src, tmp_path / "dst", "pytorch_model.bin", "weights-only")
     assert not marker.exists()
 
