@@ -114,12 +114,14 @@ def stock_name_of(arch, target, our_key: str) -> str:
 
 
 def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
-    """Every tensor any model of the architecture has, named as in a `target` checkpoint, with its shapes.
+    """Every tensor the architecture's other models have, named as in a `target` checkpoint, with its shapes.
     Tensors a checkpoint holds for another head (bert-base-uncased's pooler and NSP head in a masked-LM
     checkpoint) are kept for the round trip; anything outside this set is refused."""
     base_prefix = our_prefix(arch, target)
     known: dict[str, set[tuple]] = {}
     for cls in arch.models.values():
+        if cls is target:  # the caller checks the target's own tensors exactly
+            continue
         shapes, _ = expected_tensors(cls, config)
         for key, shape in shapes.items():
             if cls is arch.base_model and base_prefix:
