@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .rotary import RotaryPositions
+
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -22,6 +24,7 @@ class AttentionSpec:
     dropout: float = 0.0  # on attention probabilities, in training
     is_causal: bool = False
     scaling: float | None = None  # None: 1/sqrt(head_dim)
+    positions: str = "absolute"  # key in POSITIONS: how queries and keys learn where they are
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -72,10 +75,13 @@ class AbsolutePositions(nn.Module):
         return query, key
 
 
+POSITIONS: dict[str, type[nn.Module]] = {"absolute": AbsolutePositions, "rotary": RotaryPositions}
+
+
 class Attention(nn.Module):
     """Self-attention. `config` is kept only to read the kernel the user selected (`config._attn_implementation`)."""
 
-    def __init__(self, config, spec: AttentionSpec, layer_idx: int, positions: nn.Module | None = None):
+    def __init__(self, config, spec: AttentionSpec, layer_idx: int):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -92,13 +98,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
         self.v_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
-        self.positions = positions if positions is not None else AbsolutePositions()
+        self.positions = POSITIONS[spec.positions]()
 
     def forward(
         self,
         hidden_states: torch.Tensor,  # [B, T, C]
         attention_mask: torch.Tensor | None = None,
         position_embeddings: object = None,
+        cache=None,  # a transformers Cache (decoders): this layer's keys/values are appended and all returned
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, _ = hidden_states.shape
@@ -106,6 +113,8 @@ class Attention(nn.Module):
         key = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         value = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         query, key = self.positions(query, key, position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
 
         kernel: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
         out, weights = kernel(

@@ -4,7 +4,11 @@ shipped code, and loading stock checkpoints directly."""
 import os
 from typing import Any
 
+from torch import nn
 from transformers import PreTrainedModel
+from transformers import initialization as init
+
+from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
 def _fivefold_conversion():
@@ -20,8 +24,13 @@ def _fivefold_conversion():
 class FivefoldPreTrainedModel(PreTrainedModel):
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
-    # It is guarded, so it never overwrites a loaded tensor, and no part keeps a buffer that meta loading would
-    # leave uninitialised.
+    # It is guarded, so it never overwrites a loaded tensor. Non-persistent buffers are rebuilt below: meta
+    # loading leaves them as uninitialised memory.
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, RotaryEmbedding):
+            init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):

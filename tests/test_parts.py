@@ -180,3 +180,29 @@ def test_lora_configs_match_the_conventional_names(converted):
     lora(**inputs, labels=torch.tensor([0, 1, 1])).loss.backward()
     trainable = [p for p in lora.parameters() if p.requires_grad]
     assert trainable and all(p.grad is not None for p in trainable if p.dim() == 2)
+
+
+def test_rotary_matches_stock_and_survives_meta_loading():
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralRotaryEmbedding, apply_rotary_pos_emb
+
+    from fivefold.modeling.rotary import RotaryEmbedding, RotaryPositions
+
+    config = MixtralConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 5e4}
+    )
+    position_ids = torch.tensor([[0, 1, 2, 7, 100], [3, 4, 5, 6, 1000]])
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    stock_cos, stock_sin = MixtralRotaryEmbedding(config)(q, position_ids)
+    cos, sin = RotaryEmbedding(16, 5e4)(position_ids, torch.float32)
+    assert torch.equal(cos, stock_cos) and torch.equal(sin, stock_sin)
+    ours = RotaryPositions()(q, k, (cos, sin))
+    for a, b in zip(ours, apply_rotary_pos_emb(q, k, stock_cos, stock_sin), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    with torch.device("meta"):
+        table = RotaryEmbedding(16, 5e4)
+    table.to_empty(device="cpu")
+    model = fivefold.FivefoldBertModel(fivefold.FivefoldBertConfig(**fivefold.architectures.TINY_TEXT_ENCODER))
+    model._init_weights(table)
+    torch.testing.assert_close(table.inv_freq, RotaryEmbedding(16, 5e4).inv_freq)
