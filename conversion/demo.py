@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from .convert import convert
-from .samples import build_stock_checkpoint, text_inputs
+from .samples import build_stock_checkpoint
 from .verify import compare
 
 TOLERANCE = 1e-4
@@ -34,8 +34,7 @@ def run_demo(print_fn=print) -> bool:
                 auto = _auto_class_for(arch, stock_name)
                 ours = getattr(transformers, auto).from_pretrained(dst).eval()
                 stock = getattr(transformers, stock_name).from_pretrained(src).eval()
-                choices = 2 if stock_name.endswith("ForMultipleChoice") else None
-                diffs = compare(stock, ours, text_inputs(stock.config, choices=choices))
+                diffs = compare(stock, ours, arch.sample_inputs(stock.config, stock_name, 0))
                 worst = max(diffs.values())
                 rows.append((arch.stock_model_type, stock_name, f"{auto} -> {type(ours).__name__}", worst))
     width = max(len(r[2]) for r in rows)

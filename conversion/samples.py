@@ -44,3 +44,8 @@ def text_inputs(config, batch: int = 3, length: int = 12, seed: int = 0, choices
     if choices:
         inputs = {k: v.view(batch, choices, length) for k, v in inputs.items()}
     return inputs
+
+
+def text_sample(config, stock_class: str, seed: int = 0) -> dict:
+    """The inputs `verify` and `demo` feed a text encoder's head class (multiple choice gets two choices)."""
+    return text_inputs(config, seed=seed, choices=2 if stock_class.endswith("ForMultipleChoice") else None)

@@ -7,7 +7,6 @@ import torch
 import transformers
 
 from .convert import architecture_of, model_class_of, read_config, resolve_source
-from .samples import text_inputs
 
 
 def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -22,10 +21,10 @@ def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:
     return found
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
     """Padded positions excluded: outputs shaped [B, T, ...] are compared where mask is 1."""
     diff = (a.float() - b.float()).abs()
-    if diff.dim() >= 2 and tuple(diff.shape[:2]) == tuple(mask.shape):
+    if mask is not None and diff.dim() >= 2 and tuple(diff.shape[:2]) == tuple(mask.shape):
         diff = diff[mask.bool()]
     return float(diff.max()) if diff.numel() else 0.0
 
@@ -34,7 +33,8 @@ def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
     with torch.no_grad():
         expected = _tensors(stock_model(**inputs, output_hidden_states=True))
         got = _tensors(our_model(**inputs, output_hidden_states=True))
-    mask = inputs["attention_mask"].reshape(-1, inputs["attention_mask"].shape[-1])
+    mask = inputs.get("attention_mask")
+    mask = mask.reshape(-1, mask.shape[-1]) if mask is not None and mask.dim() >= 2 else None
     diffs = {}
     for key, value in expected.items():
         if key not in got:
@@ -56,5 +56,4 @@ def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dic
     stock_cls = getattr(transformers, model_class_of(arch, stock_cfg, src_folder).__name__.removeprefix("Fivefold"))
     stock = stock_cls.from_pretrained(src_folder, dtype=torch.float32).eval()
     ours = ours_cls.from_pretrained(dst_folder, dtype=torch.float32).eval()
-    choices = 2 if stock_cls.__name__.endswith("ForMultipleChoice") else None
-    return compare(stock, ours, text_inputs(stock.config, seed=seed, choices=choices))
+    return compare(stock, ours, arch.sample_inputs(stock.config, stock_cls.__name__, seed))

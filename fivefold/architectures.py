@@ -1,6 +1,7 @@
 """The table of architectures: for each, its config, the model class behind every Auto class, and the key map
 from the public checkpoint layout."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
@@ -9,6 +10,7 @@ from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.keymap import KeyMap
 from fivefold.conversion.roberta import ROBERTA_KEYS
+from fivefold.conversion.samples import text_sample
 from fivefold.modeling import bert, roberta
 
 
@@ -21,6 +23,8 @@ class Architecture:
     keys: KeyMap
     # A tiny stock config for the demo and tests (vocab 99, hidden 32, 2 layers, intermediate 37).
     tiny: dict
+    # (stock config, stock class name, seed) -> a batch for that class, used by `verify`, `demo` and tests.
+    sample_inputs: Callable[..., dict] = text_sample
 
     @property
     def model_type(self) -> str:

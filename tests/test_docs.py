@@ -1,6 +1,7 @@
 """Every snippet in the README and docs/ runs: python blocks and runnable shell blocks, page by page in order,
 with the pages' scratch folder /tmp/x moved into the test's temporary folder."""
 
+import os
 import re
 import subprocess
 import sys
@@ -22,8 +23,10 @@ def snippets(page: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_snippets_run(page, tmp_path):
     scratch = str(tmp_path / "x")
+    # The `fivefold` command of the environment running the tests, also from a virtualenv that is not activated.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for i, (lang, code) in enumerate(snippets(page)):
         code = code.replace("/tmp/x", scratch)
         command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
-        result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
         assert result.returncode == 0, f"{page.name} snippet {i} ({lang}) failed:\n{code}\n{result.stderr[-3000:]}"
