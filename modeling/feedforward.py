@@ -38,7 +38,21 @@ class DenseFeedForward(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-FEEDFORWARDS = {"dense": DenseFeedForward}
+class GatedFeedForward(nn.Module):
+    """activation(gate) * up -> down: GeGLU (ModernBERT, T5 v1.1), SwiGLU (Mixtral's experts)."""
+
+    def __init__(self, spec: FeedForwardSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.act = activation(spec.activation)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+FEEDFORWARDS = {"dense": DenseFeedForward, "gated": GatedFeedForward}
 
 
 def build_feedforward(spec: FeedForwardSpec) -> nn.Module:

@@ -206,3 +206,11 @@ def test_rotary_matches_stock_and_survives_meta_loading():
     model = fivefold.FivefoldBertModel(fivefold.FivefoldBertConfig(**fivefold.architectures.TINY_TEXT_ENCODER))
     model._init_weights(table)
     torch.testing.assert_close(table.inv_freq, RotaryEmbedding(16, 5e4).inv_freq)
+
+
+def test_gated_feedforward_is_act_of_gate_times_up():
+    spec = FeedForwardSpec("gated", hidden_size=8, intermediate_size=12, activation="silu", bias=False)
+    mlp = build_feedforward(spec)
+    x = torch.randn(2, 3, 8)
+    expected = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    torch.testing.assert_close(mlp(x), expected)
