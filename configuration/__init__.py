@@ -2,5 +2,6 @@
 
 from .bert import FivefoldBertConfig
 from .roberta import FivefoldRobertaConfig
+from .vit import FivefoldViTConfig
 
-__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig"]
+__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig", "FivefoldViTConfig"]

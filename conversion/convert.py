@@ -97,7 +97,7 @@ def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) ->
     with torch.device("meta"):
         model = target(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
+    tied = dict(model.all_tied_weights_keys) if getattr(config, "tie_word_embeddings", False) else {}
     return shapes, tied
 
 

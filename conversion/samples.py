@@ -49,3 +49,16 @@ def text_inputs(config, batch: int = 3, length: int = 12, seed: int = 0, choices
 def text_sample(config, stock_class: str, seed: int = 0) -> dict:
     """The inputs `verify` and `demo` feed a text encoder's head class (multiple choice gets two choices)."""
     return text_inputs(config, seed=seed, choices=2 if stock_class.endswith("ForMultipleChoice") else None)
+
+
+def image_inputs(config, batch: int = 3, size: tuple[int, int] | None = None, seed: int = 0) -> dict:
+    """Random normalised images, [B, channels, height, width], at the config's image size unless `size` is given."""
+    gen = torch.Generator().manual_seed(seed)
+    image_size = config.image_size if isinstance(config.image_size, list | tuple) else [config.image_size] * 2
+    height, width = size or image_size
+    return {"pixel_values": torch.randn(batch, config.num_channels, height, width, generator=gen)}
+
+
+def image_sample(config, stock_class: str, seed: int = 0) -> dict:
+    """The inputs `verify` and `demo` feed an image model: a batch at its native size."""
+    return image_inputs(config, seed=seed)

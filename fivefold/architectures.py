@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, FivefoldViTConfig
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.keymap import KeyMap
 from fivefold.conversion.roberta import ROBERTA_KEYS
-from fivefold.conversion.samples import text_sample
-from fivefold.modeling import bert, roberta
+from fivefold.conversion.samples import image_sample, text_sample
+from fivefold.conversion.vit import VIT_KEYS
+from fivefold.modeling import bert, roberta, vit
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ TINY_TEXT_ENCODER = dict(
     max_position_embeddings=64, type_vocab_size=2,
 )  # fmt: skip
 
+# 32 x 32 images in 8 x 8 patches: 16 patch tokens and [CLS].
+TINY_VIT = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=32, patch_size=8,
+    num_channels=3,
+)  # fmt: skip
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         stock_model_type="bert",
@@ -84,6 +91,18 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=ROBERTA_KEYS,
         tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    ),
+    Architecture(
+        stock_model_type="vit",
+        stock_prefix="vit",
+        config_class=FivefoldViTConfig,
+        models={
+            "AutoModel": vit.FivefoldViTModel,
+            "AutoModelForImageClassification": vit.FivefoldViTForImageClassification,
+        },
+        keys=VIT_KEYS,
+        tiny=TINY_VIT,
+        sample_inputs=image_sample,
     ),
 )
 

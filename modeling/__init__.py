@@ -20,6 +20,7 @@ from .roberta import (
     FivefoldRobertaModel,
     FivefoldRobertaPreTrainedModel,
 )
+from .vit import FivefoldViTForImageClassification, FivefoldViTModel, FivefoldViTPreTrainedModel
 
 __all__ = [
     "FivefoldBertForMaskedLM",
@@ -38,4 +39,7 @@ __all__ = [
     "FivefoldRobertaForTokenClassification",
     "FivefoldRobertaModel",
     "FivefoldRobertaPreTrainedModel",
+    "FivefoldViTForImageClassification",
+    "FivefoldViTModel",
+    "FivefoldViTPreTrainedModel",
 ]

@@ -11,14 +11,15 @@ from .norms import build_norm
 
 
 class Pooler(nn.Module):
-    """dense + tanh on the first token: BERT's `pooler_output`."""
+    """dense + activation (tanh unless configured) on the first token: BERT's and ViT's `pooler_output`."""
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, out_size: int | None = None, act: str = "tanh"):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dense = nn.Linear(hidden_size, out_size or hidden_size)
+        self.act = activation(act)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, C]
-        return torch.tanh(self.dense(hidden_states[:, 0]))
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, C] (or [B, out_size])
+        return self.act(self.dense(hidden_states[:, 0]))
 
 
 class MaskedLMHead(nn.Module):
