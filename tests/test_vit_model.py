@@ -1,0 +1,171 @@
+"""ViT against stock transformers on the same tiny random weights (32 x 32 images, 8 x 8 patches), at the native
+size and at interpolated ones; losses, dropout placement, and the errors for bad inputs and bad configs."""
+
+import pytest
+import torch
+import transformers
+from huggingface_hub.errors import StrictDataclassClassValidationError
+
+import fivefold
+from fivefold.conversion.samples import image_inputs
+from fivefold.conversion.verify import compare
+
+TOL = 1e-4
+CLASSES = {
+    "ViTModel": fivefold.FivefoldViTModel,
+    "ViTForImageClassification": fivefold.FivefoldViTForImageClassification,
+}
+
+
+def _pair(converted, stock_name, attn="sdpa", **kwargs):
+    src, dst = converted("vit", stock_name)
+    stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=attn, **kwargs).eval()
+    ours = CLASSES[stock_name].from_pretrained(dst, attn_implementation=attn, **kwargs).eval()
+    return stock, ours
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("stock_name", list(CLASSES))
+@pytest.mark.parametrize("size", [(32, 32), (48, 48), (64, 40), (24, 32), (35, 35)])
+def test_matches_stock_at_native_and_interpolated_sizes(converted, stock_name, attn, size):
+    stock, ours = _pair(converted, stock_name, attn)
+    inputs = {**image_inputs(stock.config, size=size), "interpolate_pos_encoding": size != (32, 32)}
+    diffs = compare(stock, ours, inputs)
+    assert len([k for k in diffs if k.startswith("hidden_states[")]) == stock.config.num_hidden_layers + 1
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_interpolation_changes_the_positions(converted):
+    """A larger image gets a resized grid (not the first rows of the table): 6 x 6 patches, 37 tokens."""
+    _, ours = _pair(converted, "ViTModel")
+    positions = ours.embeddings.positions_for(48, 48)
+    assert positions.shape == (1, 37, 32)
+    assert torch.equal(positions[:, 0], ours.embeddings.position_embeddings[:, 0])  # [CLS] keeps its position
+    assert not torch.allclose(positions[:, 1:17], ours.embeddings.position_embeddings[:, 1:])
+
+
+def test_output_fields_attentions_and_tuples_match_stock(converted):
+    stock, ours = _pair(converted, "ViTModel", "eager")
+    inputs = image_inputs(stock.config)
+    with torch.no_grad():
+        expected = stock(**inputs, output_attentions=True, output_hidden_states=True)
+        got = ours(**inputs, output_attentions=True, output_hidden_states=True)
+    assert set(expected.keys()) == set(got.keys())
+    assert type(got).__name__ == "BaseModelOutputWithPooling"
+    for a, b in zip(expected.attentions, got.attentions, strict=True):
+        assert a.shape == (3, 4, 17, 17) and (a - b).abs().max() <= TOL
+    # hidden_states[-1] is the last block's output before the final norm, as in stock
+    assert not torch.allclose(got.hidden_states[-1], got.last_hidden_state)
+    assert torch.allclose(ours(**inputs, return_dict=False)[0], got.last_hidden_state)
+
+
+@pytest.mark.parametrize(
+    ("problem_type", "num_labels", "labels"),
+    [
+        ("single_label_classification", 3, torch.tensor([0, 2, 1])),
+        ("regression", 1, torch.tensor([0.5, -1.0, 2.0])),
+        ("multi_label_classification", 3, torch.tensor([[1.0, 0, 1], [0, 0, 1], [1, 1, 0]])),
+        (None, 3, torch.tensor([2, 0, 1])),  # inferred from the labels, as stock does
+    ],
+)
+def test_classification_losses_match_stock(converted, problem_type, num_labels, labels):
+    src, dst = converted("vit", "ViTForImageClassification", num_labels=num_labels)
+    stock = transformers.ViTForImageClassification.from_pretrained(src, problem_type=problem_type).eval()
+    ours = transformers.AutoModelForImageClassification.from_pretrained(dst, problem_type=problem_type).eval()
+    inputs = image_inputs(stock.config)
+    with torch.no_grad():
+        a, b = stock(**inputs, labels=labels), ours(**inputs, labels=labels)
+    assert type(b).__name__ == "ImageClassifierOutput"
+    assert (a.logits - b.logits).abs().max() <= TOL
+    assert abs(a.loss - b.loss) <= TOL
+    assert ours.config.problem_type == stock.config.problem_type
+
+
+def test_training_mode_dropout_matches_stock(converted):
+    """Same seed, same dropout masks: equal only if every dropout sits where stock puts it."""
+    kwargs = dict(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3)
+    stock, ours = _pair(converted, "ViTForImageClassification", "eager", **kwargs)
+    stock.train(), ours.train()
+    inputs = image_inputs(stock.config, size=(40, 40))
+    torch.manual_seed(123)
+    expected = stock(**inputs, interpolate_pos_encoding=True).logits
+    torch.manual_seed(123)
+    got = ours(**inputs, interpolate_pos_encoding=True).logits
+    torch.manual_seed(124)
+    other = ours(**inputs, interpolate_pos_encoding=True).logits
+    assert (expected - got).abs().max() <= TOL
+    assert (expected - other).abs().max() > TOL  # dropout is really on
+
+
+def test_gradients_flow_with_checkpointing_and_low_precision(converted):
+    _, ours = _pair(converted, "ViTForImageClassification")
+    ours.activation_checkpointing_enable()
+    ours.train()
+    out = ours(**image_inputs(ours.config), labels=torch.tensor([0, 1, 0]))
+    out.loss.backward()
+    assert ours.model.embeddings.cls_token.grad is not None and ours.model.layers[0].attn.q_proj.weight.grad is not None
+    half = ours.eval().to(torch.bfloat16)
+    assert half(**image_inputs(ours.config)).logits.dtype == torch.bfloat16  # fp32 pixels are cast, as in stock
+
+
+@pytest.fixture(scope="module")
+def vit(converted):
+    return transformers.AutoModel.from_pretrained(converted("vit", "ViTModel")[1]).eval()
+
+
+def test_wrong_image_size_names_both_sizes(vit):
+    with pytest.raises(ValueError, match=r"\(48\*40\).*\(32\*32\).*interpolate_pos_encoding=True"):
+        vit(**image_inputs(vit.config, size=(48, 40)))
+
+
+def test_wrong_channel_count(vit):
+    with pytest.raises(ValueError, match="1 channels, the model expects 3"):
+        vit(pixel_values=torch.randn(2, 1, 32, 32))
+
+
+@pytest.mark.parametrize(
+    ("pixel_values", "message"),
+    [
+        (None, "pass pixel_values"),
+        (torch.randn(3, 32, 32), r"\[batch, channels, height, width\], got shape \(3, 32, 32\)"),
+        (torch.randn(1, 3, 4, 32), r"smaller than one patch \(8\*8\)"),
+    ],
+)
+def test_malformed_pixel_values(vit, pixel_values, message):
+    with pytest.raises(ValueError, match=message):
+        vit(pixel_values=pixel_values, interpolate_pos_encoding=True)
+
+
+def test_mismatched_attention_mask(vit):
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        vit(**image_inputs(vit.config), attention_mask=torch.ones(3, 16))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(image_size=30, patch_size=8), r"patch_size \(8\) must divide image_size \(30\)"),
+        (dict(image_size=[32, 36], patch_size=8), r"must divide image_size \(\[32, 36\]\)"),
+        (dict(hidden_size=32, num_attention_heads=5), "num_attention_heads"),
+        (dict(num_channels=0), "num_channels must be a positive integer"),
+        (dict(image_size=[32, 32, 3]), "image_size must be an int or a"),
+    ],
+)
+def test_config_rejects_inconsistent_fields(fields, message):
+    with pytest.raises((StrictDataclassClassValidationError, ValueError), match=message):
+        fivefold.FivefoldViTConfig(**fields)
+
+
+def test_config_accepts_stock_fields_and_rectangular_images():
+    stock = transformers.ViTConfig(hidden_size=64, num_attention_heads=8, pooler_act="relu").to_dict()
+    ours = fivefold.FivefoldViTConfig.from_dict(stock)
+    assert ours.model_type == "fivefold_vit" and ours.pooler_act == "relu"
+    config = fivefold.FivefoldViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, image_size=[32, 48],
+        patch_size=[8, 16], pooler_output_size=7,
+    )  # fmt: skip
+    model = fivefold.FivefoldViTModel(config).eval()
+    out = model(pixel_values=torch.randn(2, 3, 32, 48))
+    assert out.last_hidden_state.shape == (2, 1 + 4 * 3, 32) and out.pooler_output.shape == (2, 7)
+    wider = model(pixel_values=torch.randn(1, 3, 64, 48), interpolate_pos_encoding=True)
+    assert wider.last_hidden_state.shape == (1, 1 + 8 * 3, 32)
