@@ -3,12 +3,13 @@ the weights so that pipeline("image-classification") gives stock's labels, the s
 fivefold, and vit-base-patch16-224 converts completely on the meta device."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_remote_code import _remote_logits
 
 import fivefold
@@ -138,3 +139,26 @@ def test_public_size_conversion_is_complete(stock_class):
     assert produced == expected
     params = sum(torch.Size(s).numel() for s in expected.values())
     assert params > 85_000_000  # really the public size (86.6M with the 1000-class head)
+
+
+def test_bad_vit_checkpoints_name_the_tensor(stock_checkpoint, tmp_path):
+    """A position table for another image size, a missing query, a mask token for a head we do not have."""
+    src = stock_checkpoint("vit", "ViTForImageClassification")
+    cases = {
+        "vit.embeddings.position_embeddings": (torch.zeros(1, 37, 32), ["[1, 37, 32]", "[1, 17, 32]"]),
+        "vit.encoder.layer.1.attention.attention.query.weight": (None, ["missing"]),
+        "vit.embeddings.mask_token": (torch.zeros(1, 1, 32), ["match no conversion rule"]),
+    }
+    for i, (key, (value, needles)) in enumerate(cases.items()):
+        bad = tmp_path / f"bad{i}"
+        shutil.copytree(src, bad)
+        tensors = load_file(bad / "model.safetensors")
+        if value is None:
+            tensors.pop(key)
+        else:
+            tensors[key] = value
+        save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(fivefold.ConversionError) as err:
+            fivefold.convert(bad, tmp_path / f"out{i}", progress=False)
+        assert key in str(err.value) and all(n in str(err.value) for n in needles), str(err.value)
+        assert not (tmp_path / f"out{i}").exists()

@@ -165,6 +165,8 @@ def test_config_accepts_stock_fields_and_rectangular_images():
         patch_size=[8, 16], pooler_output_size=7,
     )  # fmt: skip
     model = fivefold.FivefoldViTModel(config).eval()
+    for learned in (model.embeddings.cls_token, model.embeddings.position_embeddings):  # initialised, not zeros
+        assert 0.01 < float(learned.detach().std()) < 0.03
     out = model(pixel_values=torch.randn(2, 3, 32, 48))
     assert out.last_hidden_state.shape == (2, 1 + 4 * 3, 32) and out.pooler_output.shape == (2, 7)
     wider = model(pixel_values=torch.randn(1, 3, 64, 48), interpolate_pos_encoding=True)
