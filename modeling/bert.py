@@ -4,8 +4,7 @@ The recipe maps the stock `BertConfig` fields onto shared parts; the classes bel
 """
 
 from ..configuration.bert import FivefoldBertConfig
-from .attention import AttentionSpec
-from .block import BlockSpec
+from .bert_style import bert_style_block
 from .embeddings import EmbeddingSpec
 from .encoder import EncoderModel, EncoderPreTrainedModel, EncoderRecipe
 from .encoder_heads import (
@@ -17,30 +16,13 @@ from .encoder_heads import (
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
 )
-from .feedforward import FeedForwardSpec
 
 
 def bert_recipe(config) -> EncoderRecipe:
     classifier_dropout = (
         config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
     )
-    block = BlockSpec(
-        attention=AttentionSpec(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
-            dropout=config.attention_probs_dropout_prob,
-        ),
-        feedforward=FeedForwardSpec(
-            kind="dense",
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            activation=config.hidden_act,
-        ),
-        norm="layernorm",
-        norm_eps=config.layer_norm_eps,
-        prenorm=False,
-        dropout=config.hidden_dropout_prob,
-    )
+    block = bert_style_block(config, prenorm=False)
     return EncoderRecipe(
         embeddings=EmbeddingSpec(
             vocab_size=config.vocab_size,

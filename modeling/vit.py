@@ -18,10 +18,10 @@ from transformers.utils.output_capturing import capture_outputs
 
 from ..configuration.validation import pair
 from ..configuration.vit import FivefoldViTConfig
-from .attention import Attention, AttentionSpec
+from .attention import Attention
+from .bert_style import bert_style_block
 from .block import Block, BlockSpec
 from .encoder import check_attention_mask
-from .feedforward import FeedForwardSpec
 from .heads import Pooler
 from .losses import sequence_classification_loss
 from .norms import build_norm
@@ -40,24 +40,7 @@ class ViTRecipe:
 
 
 def vit_recipe(config) -> ViTRecipe:
-    block = BlockSpec(
-        attention=AttentionSpec(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
-            bias=config.qkv_bias,
-            dropout=config.attention_probs_dropout_prob,
-        ),
-        feedforward=FeedForwardSpec(
-            kind="dense",
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            activation=config.hidden_act,
-        ),
-        norm="layernorm",
-        norm_eps=config.layer_norm_eps,
-        prenorm=True,
-        dropout=config.hidden_dropout_prob,
-    )
+    block = bert_style_block(config, prenorm=True, qkv_bias=config.qkv_bias)
     return ViTRecipe(
         embeddings=PatchEmbeddingSpec(
             image_size=pair(config.image_size, "image_size"),

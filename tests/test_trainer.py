@@ -72,28 +72,36 @@ def test_fine_tuning_lowers_the_loss_and_round_trips(converted, tmp_path):
         assert torch.equal(model(**batch).logits, again(**batch).logits)
 
 
-@pytest.mark.parametrize(("num_labels", "regression"), [(2, False), (1, True)])
-def test_gradient_accumulation_matches_full_batch(converted, tmp_path, num_labels, regression):
-    def one_update(batch_size: int, accumulation: int) -> dict[str, torch.Tensor]:
-        model = _model(converted, num_labels)
-        data = TinyTask(4, model.config.vocab_size, regression=regression)
-        args = _args(
-            tmp_path,
-            per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation,
-            max_steps=1,
-            learning_rate=0.5,
-            optim="sgd",
-            max_grad_norm=0.0,
-            lr_scheduler_type="constant",
-        )
-        before = {k: v.detach().clone() for k, v in model.named_parameters()}
-        transformers.Trainer(model=model, args=args, train_dataset=data).train()
-        return {k: v.detach() - before[k] for k, v in model.named_parameters()}
+def one_sgd_update(model, data, tmp_path, batch_size: int, accumulation: int) -> dict[str, torch.Tensor]:
+    """The parameter change of one optimizer step (plain SGD, no clipping) over `data`."""
+    args = _args(
+        tmp_path,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=0.5,
+        optim="sgd",
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+    )
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    transformers.Trainer(model=model, args=args, train_dataset=data).train()
+    return {k: v.detach() - before[k] for k, v in model.named_parameters()}
 
-    full, accumulated = one_update(4, 1), one_update(2, 2)
+
+def assert_same_update(full: dict[str, torch.Tensor], accumulated: dict[str, torch.Tensor]) -> None:
     norm = torch.sqrt(sum((d**2).sum() for d in full.values()))
     assert norm > 0
     ratio = torch.sqrt(sum((d**2).sum() for d in accumulated.values())) / norm
     assert abs(ratio - 1) < 1e-3, ratio
     assert max((full[k] - accumulated[k]).abs().max() for k in full) < 1e-5
+
+
+@pytest.mark.parametrize(("num_labels", "regression"), [(2, False), (1, True)])
+def test_gradient_accumulation_matches_full_batch(converted, tmp_path, num_labels, regression):
+    def one_update(batch_size: int, accumulation: int) -> dict[str, torch.Tensor]:
+        model = _model(converted, num_labels)
+        data = TinyTask(4, model.config.vocab_size, regression=regression)
+        return one_sgd_update(model, data, tmp_path, batch_size, accumulation)
+
+    assert_same_update(one_update(4, 1), one_update(2, 2))

@@ -4,6 +4,7 @@
 import pytest
 import torch
 import transformers
+from test_trainer import _args, assert_same_update, one_sgd_update
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
@@ -27,20 +28,6 @@ class Digits(Dataset):
         return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
 
 
-def _args(tmp_path, **kw) -> transformers.TrainingArguments:
-    defaults = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-    return transformers.TrainingArguments(**{**defaults, **kw})
-
-
 @pytest.fixture
 def classifier(converted):
     _, dst = converted("vit", "ViTForImageClassification", num_labels=10)
@@ -51,7 +38,7 @@ def test_fine_tuning_on_digits_lowers_the_loss(classifier, tmp_path):
     model = classifier()
     train, held_out = Digits(0, 256), Digits(1600, 1728)
     args = _args(
-        tmp_path, per_device_train_batch_size=32, per_device_eval_batch_size=64, max_steps=24, learning_rate=2e-3,
+        tmp_path, per_device_train_batch_size=32, per_device_eval_batch_size=128, max_steps=12, learning_rate=3e-3,
         logging_steps=4,
     )  # fmt: skip
     trainer = transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=held_out)
@@ -60,24 +47,12 @@ def test_fine_tuning_on_digits_lowers_the_loss(classifier, tmp_path):
     trainer.train()
     after = trainer.evaluate()["eval_loss"]
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
-    assert losses[-1] < 0.9 * losses[0], losses
-    assert after < 0.9 * before, (before, after)
+    assert losses[-1] < 0.92 * losses[0], losses
+    assert after < 0.92 * before, (before, after)
 
 
 def test_gradient_accumulation_matches_full_batch(classifier, tmp_path):
     def one_update(batch_size: int, accumulation: int) -> dict[str, torch.Tensor]:
-        model = classifier()
-        args = _args(
-            tmp_path, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation, max_steps=1,
-            learning_rate=0.5, optim="sgd", max_grad_norm=0.0, lr_scheduler_type="constant",
-        )  # fmt: skip
-        before = {k: v.detach().clone() for k, v in model.named_parameters()}
-        transformers.Trainer(model=model, args=args, train_dataset=Digits(0, 4)).train()
-        return {k: v.detach() - before[k] for k, v in model.named_parameters()}
+        return one_sgd_update(classifier(), Digits(0, 4), tmp_path, batch_size, accumulation)
 
-    full, accumulated = one_update(4, 1), one_update(2, 2)
-    norm = torch.sqrt(sum((d**2).sum() for d in full.values()))
-    assert norm > 0
-    ratio = torch.sqrt(sum((d**2).sum() for d in accumulated.values())) / norm
-    assert abs(ratio - 1) < 1e-3, ratio
-    assert max((full[k] - accumulated[k]).abs().max() for k in full) < 1e-5
+    assert_same_update(one_update(4, 1), one_update(2, 2))
