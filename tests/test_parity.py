@@ -1,5 +1,6 @@
-"""Every head of every encoder against its stock class on the same weights: a ragged padded batch with token
-types, fp32, logits and all hidden states within 1e-4."""
+"""Every head of every encoder against its stock class on the same weights, on the architecture's sample inputs
+(text: a ragged padded batch with token types; images: a batch at the native size), fp32, logits and all hidden
+states within 1e-4."""
 
 import pytest
 import torch
