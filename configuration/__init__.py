@@ -1,6 +1,7 @@
 """Configurations: the stock config of each architecture under a fivefold model type."""
 
 from .bert import FivefoldBertConfig
+from .modernbert import FivefoldModernBertConfig
 from .roberta import FivefoldRobertaConfig
 
-__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig"]
+__all__ = ["FivefoldBertConfig", "FivefoldModernBertConfig", "FivefoldRobertaConfig"]

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldModernBertConfig, FivefoldRobertaConfig
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.keymap import KeyMap
+from fivefold.conversion.modernbert import MODERNBERT_KEYS, modernbert_sample
 from fivefold.conversion.roberta import ROBERTA_KEYS
 from fivefold.conversion.samples import text_sample
-from fivefold.modeling import bert, roberta
+from fivefold.modeling import bert, modernbert, roberta
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,14 @@ TINY_TEXT_ENCODER = dict(
     max_position_embeddings=64, type_vocab_size=2,
 )  # fmt: skip
 
+# Three layers (global, local, global) in the public checkpoints' legacy form, a local window of 4 positions (the
+# sample rows are longer), distinct rotary bases.
+TINY_MODERNBERT = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4, global_rope_theta=10000.0,
+    local_rope_theta=100.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+)  # fmt: skip
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         stock_model_type="bert",
@@ -84,6 +93,22 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=ROBERTA_KEYS,
         tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    ),
+    Architecture(
+        stock_model_type="modernbert",
+        stock_prefix="model",
+        config_class=FivefoldModernBertConfig,
+        models={
+            "AutoModel": modernbert.FivefoldModernBertModel,
+            "AutoModelForMaskedLM": modernbert.FivefoldModernBertForMaskedLM,
+            "AutoModelForSequenceClassification": modernbert.FivefoldModernBertForSequenceClassification,
+            "AutoModelForTokenClassification": modernbert.FivefoldModernBertForTokenClassification,
+            "AutoModelForQuestionAnswering": modernbert.FivefoldModernBertForQuestionAnswering,
+            "AutoModelForMultipleChoice": modernbert.FivefoldModernBertForMultipleChoice,
+        },
+        keys=MODERNBERT_KEYS,
+        tiny=TINY_MODERNBERT,
+        sample_inputs=modernbert_sample,
     ),
 )
 
