@@ -6,7 +6,7 @@ Unpadded execution: when a batch has padding, the real tokens are packed once af
 ([B, T] -> [1, N]), every layer runs on them, attention stays within each sequence (padding.py), and the padded
 layout comes back only at the output, with zeros at padded positions. `config.unpad_inputs = False` turns it off.
 It applies with the sdpa and flash kernels; eager (the reference, and the one that returns attention weights) and
-flex run padded, as does any call asking for attention weights.
+flex run padded. Hidden states recorded with `output_hidden_states` are returned in the padded layout.
 
 Shapes: B batch, T time, C channels.
 """
@@ -99,17 +99,14 @@ class EncoderModel(EncoderPreTrainedModel):
         self.post_init()
 
     def unpads(self, attention_mask: torch.Tensor | None) -> bool:
-        """Whether this call runs on packed tokens: a [B, T] mask with padding, a kernel that benefits, and no
-        attention weights requested (the packed kernels do not return them)."""
+        """Whether this call runs on packed tokens: a [B, T] mask with padding, and a kernel that benefits (sdpa,
+        flash: neither returns attention weights; eager, which does, keeps the padded layout)."""
         if not getattr(self.config, "unpad_inputs", True) or attention_mask is None or attention_mask.dim() != 2:
             return False
         implementation = self.config._attn_implementation
         if implementation not in UNPADDED_KERNELS and not is_flash_attention_requested(
             requested_attention_implementation=implementation
         ):
-            return False
-        collecting = _active_collector.get()
-        if collecting is not None and "attentions" in collecting:
             return False
         real = int(attention_mask.bool().sum())
         return 0 < real < attention_mask.numel()

@@ -294,6 +294,8 @@ class FivefoldModernBertForMultipleChoice(ModernBertClassifierModel):
             return None if x is None else x.reshape(-1, *x.shape[x.dim() - keep :])
 
         mask = flat(attention_mask, 1)
+        if "token_type_ids" in kwargs:  # none in ModernBERT, but tokenizers may send zeros
+            kwargs["token_type_ids"] = flat(kwargs["token_type_ids"], 1)
         out = self._encode(flat(input_ids, 1), mask, flat(position_ids, 1), flat(inputs_embeds, 2), kwargs)
         pooled = pool(out.last_hidden_state, mask, self.config.classifier_pooling, cls_first_token=False)
         logits = self._classify(pooled).view(-1, choices)  # [B * N, 1] -> [B, N]
