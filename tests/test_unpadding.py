@@ -2,8 +2,11 @@
 with no padding, a length-1 sequence, left padding; with gradient checkpointing and training; hidden states and
 attention weights; the pure index helpers."""
 
+import itertools
+
 import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from fivefold.architectures import ARCHITECTURES
 from fivefold.conversion.samples import text_inputs
@@ -127,3 +130,36 @@ def test_packing_helpers_round_trip():
     windowed = packed.with_window(1)
     assert windowed.band_mask(0, 3).tolist() == [[True, True, False], [True, True, True], [False, True, True]]
     assert windowed.band_mask(3, 5) is None and packed.band_mask(5, 9) is None  # the window covers it; no window
+
+
+def test_flash_kernels_get_varlen_arguments(converted, monkeypatch):
+    """No GPU here: a stand-in registered under a flash name, computing what flash-attention's varlen kernel
+    computes from the same arguments (sequence boundaries, window_size = (w - 1, w - 1)), must reproduce sdpa."""
+    seen = []
+
+    def fake_flash(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kw):
+        assert attention_mask is None and kw["cu_seq_lens_q"].dtype == torch.int32
+        seen.append((sliding_window, kw["cu_seq_lens_q"].tolist(), kw["max_length_q"]))
+        edges = kw["cu_seq_lens_q"].tolist()
+        outs = []
+        for s, e in itertools.pairwise(edges):
+            scores = query[0, :, s:e] @ key[0, :, s:e].transpose(-1, -2) * scaling  # [H, L, L]
+            if sliding_window is not None:
+                pos = torch.arange(e - s)
+                scores = scores.masked_fill((pos[:, None] - pos[None, :]).abs() > sliding_window - 1, float("-inf"))
+            outs.append((scores.softmax(-1) @ value[0, :, s:e]).transpose(0, 1))  # [L, H, D]
+        return torch.cat(outs)[None], None
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_stand_in", fake_flash)
+    padded, unpadded = _models(converted, "modernbert")
+    inputs = _batches(padded.config)["ragged"]
+    with torch.no_grad():
+        expected = unpadded(**inputs).last_hidden_state
+        unpadded.config._attn_implementation = "flash_stand_in"
+        got = unpadded(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    assert (expected - got)[real].abs().max() <= 1e-5
+    lengths = inputs["attention_mask"].sum(1)
+    window = padded.config.sliding_window
+    assert {w for w, _, _ in seen} == {None, window + 1}
+    assert all(cu == [0, *lengths.cumsum(0).tolist()] and m == int(lengths.max()) for _, cu, m in seen)
