@@ -10,6 +10,8 @@ from .validation import check_text_encoder
 @strict(accept_kwargs=True)
 class FivefoldBertConfig(FivefoldConfigMixin, BertConfig):
     model_type = "fivefold_bert"
+    # Run padded batches on their real tokens only (fivefold.modeling.padding); False: the padded layout throughout.
+    unpad_inputs: bool = True
 
     def validate_architecture(self) -> None:
         super().validate_architecture()

@@ -38,7 +38,7 @@ def text_inputs(config, batch: int = 3, length: int = 12, seed: int = 0, choices
     attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
     input_ids = input_ids.masked_fill(attention_mask == 0, pad)
     token_type_ids = (torch.arange(length)[None, :] >= (lengths[:, None] // 2)).long() * attention_mask
-    if config.type_vocab_size < 2:
+    if getattr(config, "type_vocab_size", 0) < 2:  # none at all in ModernBERT
         token_type_ids = torch.zeros_like(token_type_ids)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
     if choices:

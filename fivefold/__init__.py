@@ -6,7 +6,12 @@ Importing fivefold registers every fivefold config and model with transformers' 
 import transformers
 
 from fivefold.architectures import ARCHITECTURES
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, FivefoldViTConfig
+from fivefold.configuration import (
+    FivefoldBertConfig,
+    FivefoldModernBertConfig,
+    FivefoldRobertaConfig,
+    FivefoldViTConfig,
+)
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
@@ -26,6 +31,7 @@ _register()
 __all__ = [
     "ConversionError",
     "FivefoldBertConfig",
+    "FivefoldModernBertConfig",
     "FivefoldRobertaConfig",
     "FivefoldViTConfig",
     "__version__",

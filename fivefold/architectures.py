@@ -6,13 +6,19 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, FivefoldViTConfig
+from fivefold.configuration import (
+    FivefoldBertConfig,
+    FivefoldModernBertConfig,
+    FivefoldRobertaConfig,
+    FivefoldViTConfig,
+)
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.keymap import KeyMap
+from fivefold.conversion.modernbert import MODERNBERT_KEYS, modernbert_sample
 from fivefold.conversion.roberta import ROBERTA_KEYS
 from fivefold.conversion.samples import image_sample, text_sample
 from fivefold.conversion.vit import VIT_KEYS
-from fivefold.modeling import bert, roberta, vit
+from fivefold.modeling import bert, modernbert, roberta, vit
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,14 @@ TINY_TEXT_ENCODER = dict(
     max_position_embeddings=64, type_vocab_size=2,
 )  # fmt: skip
 
+# Three layers (global, local, global) in the public checkpoints' legacy form, a local window of 4 positions (the
+# sample rows are longer), distinct rotary bases.
+TINY_MODERNBERT = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4, global_rope_theta=10000.0,
+    local_rope_theta=100.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+)  # fmt: skip
+
 # 32 x 32 images in 8 x 8 patches: 16 patch tokens and [CLS].
 TINY_VIT = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=32, patch_size=8,
@@ -91,6 +105,22 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=ROBERTA_KEYS,
         tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    ),
+    Architecture(
+        stock_model_type="modernbert",
+        stock_prefix="model",
+        config_class=FivefoldModernBertConfig,
+        models={
+            "AutoModel": modernbert.FivefoldModernBertModel,
+            "AutoModelForMaskedLM": modernbert.FivefoldModernBertForMaskedLM,
+            "AutoModelForSequenceClassification": modernbert.FivefoldModernBertForSequenceClassification,
+            "AutoModelForTokenClassification": modernbert.FivefoldModernBertForTokenClassification,
+            "AutoModelForQuestionAnswering": modernbert.FivefoldModernBertForQuestionAnswering,
+            "AutoModelForMultipleChoice": modernbert.FivefoldModernBertForMultipleChoice,
+        },
+        keys=MODERNBERT_KEYS,
+        tiny=TINY_MODERNBERT,
+        sample_inputs=modernbert_sample,
     ),
     Architecture(
         stock_model_type="vit",

@@ -11,6 +11,15 @@ from .bert import (
     FivefoldBertModel,
     FivefoldBertPreTrainedModel,
 )
+from .modernbert import (
+    FivefoldModernBertForMaskedLM,
+    FivefoldModernBertForMultipleChoice,
+    FivefoldModernBertForQuestionAnswering,
+    FivefoldModernBertForSequenceClassification,
+    FivefoldModernBertForTokenClassification,
+    FivefoldModernBertModel,
+    FivefoldModernBertPreTrainedModel,
+)
 from .roberta import (
     FivefoldRobertaForMaskedLM,
     FivefoldRobertaForMultipleChoice,
@@ -32,6 +41,13 @@ __all__ = [
     "FivefoldBertForTokenClassification",
     "FivefoldBertModel",
     "FivefoldBertPreTrainedModel",
+    "FivefoldModernBertForMaskedLM",
+    "FivefoldModernBertForMultipleChoice",
+    "FivefoldModernBertForQuestionAnswering",
+    "FivefoldModernBertForSequenceClassification",
+    "FivefoldModernBertForTokenClassification",
+    "FivefoldModernBertModel",
+    "FivefoldModernBertPreTrainedModel",
     "FivefoldRobertaForMaskedLM",
     "FivefoldRobertaForMultipleChoice",
     "FivefoldRobertaForQuestionAnswering",

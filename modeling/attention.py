@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .padding import PackedSequences, packed_attention
 from .rotary import RotaryPositions
 
 
@@ -103,7 +104,7 @@ class Attention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,  # [B, T, C]
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | PackedSequences | None = None,  # PackedSequences: T is the packed tokens
         position_embeddings: object = None,
         cache=None,  # a transformers Cache (decoders): this layer's keys/values are appended and all returned
         **kwargs,
@@ -117,6 +118,8 @@ class Attention(nn.Module):
             key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
 
         kernel: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        if isinstance(attention_mask, PackedSequences):
+            kernel = packed_attention
         out, weights = kernel(
             self,
             query,

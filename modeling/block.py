@@ -25,6 +25,8 @@ class BlockSpec:
     norm_eps: float
     prenorm: bool
     dropout: float = 0.0  # on each sub-layer's output, before the residual add
+    mlp_out_dropout: float | None = None  # on the feed-forward output instead, when it differs (None: `dropout`)
+    attn_input_norm: bool = True  # False: a pre-norm block whose input is already normalised (ModernBERT's first)
 
 
 class Block(GradientCheckpointingLayer):
@@ -35,22 +37,23 @@ class Block(GradientCheckpointingLayer):
         def norm_if(wanted: bool) -> nn.Module:
             return build_norm(spec.norm, width, spec.norm_eps) if wanted else nn.Identity()
 
-        self.norm_before_attn = norm_if(spec.prenorm)
+        self.norm_before_attn = norm_if(spec.prenorm and spec.attn_input_norm)
         self.attn = Attention(config, spec.attention, layer_idx)
         self.norm_after_attn = norm_if(not spec.prenorm)
         self.norm_before_mlp = norm_if(spec.prenorm)
         self.mlp = build_feedforward(spec.feedforward)
         self.norm_after_mlp = norm_if(not spec.prenorm)
         self.dropout = nn.Dropout(spec.dropout)
+        self.mlp_dropout = nn.Dropout(spec.dropout if spec.mlp_out_dropout is None else spec.mlp_out_dropout)
 
     def forward(
         self,
-        hidden_states: torch.Tensor,  # [B, T, C]
-        attention_mask: torch.Tensor | None = None,
+        hidden_states: torch.Tensor,  # [B, T, C], or [1, N, C] packed tokens (attention_mask a PackedSequences)
+        attention_mask: object = None,
         position_embeddings: object = None,
         **kwargs,
     ) -> torch.Tensor:  # [B, T, C]
         attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
         hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out))
         mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
-        return self.norm_after_mlp(hidden_states + self.dropout(mlp_out))
+        return self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out))

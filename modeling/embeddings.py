@@ -1,4 +1,5 @@
-"""Token embeddings: word + learned absolute position + token type, then norm and dropout.
+"""Token embeddings: word + learned absolute position + token type, then norm and dropout. A model without
+absolute positions (rotary) or token types sets that table's size to 0.
 
 Shapes: B batch, T time, C channels.
 """
@@ -16,8 +17,8 @@ class EmbeddingSpec:
     vocab_size: int
     hidden_size: int
     pad_token_id: int | None
-    max_positions: int
-    type_vocab_size: int
+    max_positions: int  # 0: no position table (positions live in attention)
+    type_vocab_size: int  # 0: no token types
     norm: str
     norm_eps: float
     dropout: float
@@ -61,8 +62,14 @@ class TokenEmbeddings(nn.Module):
         self.spec = spec
         self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.pad_token_id)
         position_padding = spec.pad_token_id if spec.positions_after_padding else None
-        self.position_embeddings = nn.Embedding(spec.max_positions, spec.hidden_size, padding_idx=position_padding)
-        self.token_type_embeddings = nn.Embedding(spec.type_vocab_size, spec.hidden_size)
+        self.position_embeddings = (
+            nn.Embedding(spec.max_positions, spec.hidden_size, padding_idx=position_padding)
+            if spec.max_positions
+            else None
+        )
+        self.token_type_embeddings = (
+            nn.Embedding(spec.type_vocab_size, spec.hidden_size) if spec.type_vocab_size else None
+        )
         self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
         self.dropout = nn.Dropout(spec.dropout)
 
@@ -87,13 +94,18 @@ class TokenEmbeddings(nn.Module):
             check_token_ids(input_ids, self.word_embeddings.num_embeddings)
             inputs_embeds = self.word_embeddings(input_ids)
         batch, length, _ = inputs_embeds.shape
-        if position_ids is None:
-            position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)
-        check_position_ids(position_ids, self.spec.max_positions)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros((batch, length), dtype=torch.long, device=inputs_embeds.device)
-        else:
-            check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
-
-        hidden = inputs_embeds + self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        hidden = inputs_embeds
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros((batch, length), dtype=torch.long, device=inputs_embeds.device)
+            else:
+                check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
+            hidden = hidden + self.token_type_embeddings(token_type_ids)
+        elif token_type_ids is not None and bool(token_type_ids.ne(0).any()):
+            raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)
+            check_position_ids(position_ids, self.spec.max_positions)
+            hidden = hidden + self.position_embeddings(position_ids)
         return self.dropout(self.norm(hidden))

@@ -17,6 +17,7 @@ class FeedForwardSpec:
     intermediate_size: int
     activation: str  # key in transformers' ACT2FN
     bias: bool = True
+    dropout: float = 0.0  # inside, on the activated inner width
 
 
 def activation(name: str) -> nn.Module:
@@ -32,10 +33,11 @@ class DenseFeedForward(nn.Module):
         super().__init__()
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
+        self.dropout = nn.Dropout(spec.dropout)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
-        return self.down_proj(self.act(self.up_proj(x)))
+        return self.down_proj(self.dropout(self.act(self.up_proj(x))))
 
 
 class GatedFeedForward(nn.Module):
@@ -46,10 +48,11 @@ class GatedFeedForward(nn.Module):
         self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
+        self.dropout = nn.Dropout(spec.dropout)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))
 
 
 FEEDFORWARDS = {"dense": DenseFeedForward, "gated": GatedFeedForward}

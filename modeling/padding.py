@@ -1,0 +1,128 @@
+"""Unpadded execution: a padded batch packed into its real tokens, and attention that stays inside each sequence.
+
+An encoder packs once after reading its inputs, runs every layer on the packed tokens, and pads once at the output.
+Attention receives a `PackedSequences` in place of a mask and calls `packed_attention`: flash-attention's varlen
+kernel when a flash implementation is selected, otherwise one sdpa call per sequence (measured fastest on CPU,
+see benchmarks/encoders.py).
+
+Shapes: B batch, T padded time, N real tokens in the batch, C channels, H query heads, K key/value heads, D head dim.
+"""
+
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.generic import is_flash_attention_requested
+
+
+@dataclass(frozen=True, eq=False)
+class PackedSequences:
+    """Where the real tokens of a padded [B, T] batch sit, and how the packed batch splits into sequences."""
+
+    indices: torch.Tensor  # [N], flat positions in B * T of the real tokens, row by row
+    columns: torch.Tensor  # [N], each real token's position in its padded row
+    cu_seqlens: torch.Tensor  # [S + 1] int32, sequence boundaries in the packed tokens (empty rows dropped)
+    bounds: tuple[tuple[int, int], ...]  # the same boundaries as Python ints, for slicing
+    max_seqlen: int
+    batch: int
+    length: int
+    window: int | None = None  # sliding-window attention: keys within `window` padded positions of the query
+    _band_masks: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "PackedSequences":
+        """From a [B, T] padding mask (nonzero = token)."""
+        keep = attention_mask.bool()
+        batch, length = keep.shape
+        indices = keep.flatten().nonzero().squeeze(1)
+        lengths = keep.sum(1)
+        lengths = lengths[lengths > 0]
+        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        edges = cu_seqlens.tolist()
+        return cls(
+            indices=indices,
+            columns=indices % length,
+            cu_seqlens=cu_seqlens,
+            bounds=tuple(pairwise(edges)),
+            max_seqlen=int(lengths.max()) if lengths.numel() else 0,
+            batch=batch,
+            length=length,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.indices.numel()
+
+    def with_window(self, window: int | None) -> "PackedSequences":
+        return self if window == self.window else replace(self, window=window, _band_masks={})
+
+    def unpad(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """[B, T, ...] (or [1, T, ...], broadcast over the batch) -> [1, N, ...]."""
+        if x is None:
+            return None
+        x = x.expand(self.batch, *x.shape[1:])
+        return x.reshape(self.batch * self.length, *x.shape[2:])[self.indices].unsqueeze(0)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, N, ...] -> [B, T, ...], zeros at padded positions (differentiable)."""
+        flat = x.new_zeros(self.batch * self.length, *x.shape[2:])
+        flat = flat.index_put((self.indices,), x[0])
+        return flat.view(self.batch, self.length, *x.shape[2:])
+
+    def band_mask(self, start: int, end: int) -> torch.Tensor | None:
+        """[L, L] bool mask of one sequence under the sliding window (None: no window, or it covers the sequence)."""
+        if self.window is None:
+            return None
+        if (start, end) not in self._band_masks:
+            cols = self.columns[start:end]
+            band = (cols[:, None] - cols[None, :]).abs() <= self.window
+            self._band_masks[(start, end)] = None if bool(band.all()) else band
+        return self._band_masks[(start, end)]
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, K, N, D]
+    value: torch.Tensor,  # [1, K, N, D]
+    packed: PackedSequences,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Variable-length attention over packed sequences -> ([1, N, H, D], no weights)."""
+    implementation = module.config._attn_implementation
+    if is_flash_attention_requested(requested_attention_implementation=implementation):
+        # transformers' flash kernels count a window of w as w - 1 positions each side.
+        window = None if packed.window is None else packed.window + 1
+        return ALL_ATTENTION_FUNCTIONS[implementation](
+            module,
+            query,
+            key,
+            value,
+            None,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=window,
+            cu_seq_lens_q=packed.cu_seqlens,
+            cu_seq_lens_k=packed.cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+            **kwargs,
+        )
+    grouped = query.shape[1] != key.shape[1]
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            attn_mask=packed.band_mask(s, e),
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=grouped,
+        )
+        for s, e in packed.bounds
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2), None
