@@ -90,6 +90,14 @@ def input_major_weights(model: nn.Module) -> None:
                 weight.data = weight.data.t().contiguous().t()
 
 
+def row_major_weights(model: nn.Module) -> None:
+    """Undoes input_major_weights: every weight contiguous again."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
+
+
 class DecoderEmbeddings(nn.Module):
     """Word embeddings (+ learned absolute positions) (+ GPT-2's token types through the word table), dropout."""
 
@@ -138,6 +146,12 @@ class DecoderPreTrainedModel(FivefoldPreTrainedModel):
     @staticmethod
     def recipe(config) -> DecoderRecipe:
         raise NotImplementedError("a decoder architecture defines recipe(config)")
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # transformers' check for tied tensors flattens them with view(-1), which needs the row-major layout
+        # generate() may have swapped out (input_major_weights); the next generate() swaps it back in.
+        row_major_weights(self)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DecoderModel(DecoderPreTrainedModel):
