@@ -1,8 +1,15 @@
 """Configurations: the stock config of each architecture under a fivefold model type."""
 
 from .bert import FivefoldBertConfig
+from .gpt2 import FivefoldGPT2Config
 from .modernbert import FivefoldModernBertConfig
 from .roberta import FivefoldRobertaConfig
 from .vit import FivefoldViTConfig
 
-__all__ = ["FivefoldBertConfig", "FivefoldModernBertConfig", "FivefoldRobertaConfig", "FivefoldViTConfig"]
+__all__ = [
+    "FivefoldBertConfig",
+    "FivefoldGPT2Config",
+    "FivefoldModernBertConfig",
+    "FivefoldRobertaConfig",
+    "FivefoldViTConfig",
+]

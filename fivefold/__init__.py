@@ -8,6 +8,7 @@ import transformers
 from fivefold.architectures import ARCHITECTURES
 from fivefold.configuration import (
     FivefoldBertConfig,
+    FivefoldGPT2Config,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
     FivefoldViTConfig,
@@ -32,6 +33,7 @@ __all__ = [
     "ConversionError",
     "FivefoldBertConfig",
     "FivefoldModernBertConfig",
+    "FivefoldGPT2Config",
     "FivefoldRobertaConfig",
     "FivefoldViTConfig",
     "__version__",

@@ -8,17 +8,19 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from fivefold.configuration import (
     FivefoldBertConfig,
+    FivefoldGPT2Config,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
     FivefoldViTConfig,
 )
 from fivefold.conversion.bert import BERT_KEYS
+from fivefold.conversion.gpt2 import GPT2_KEYS
 from fivefold.conversion.keymap import KeyMap
 from fivefold.conversion.modernbert import MODERNBERT_KEYS, modernbert_sample
 from fivefold.conversion.roberta import ROBERTA_KEYS
-from fivefold.conversion.samples import image_sample, text_sample
+from fivefold.conversion.samples import causal_text_sample, image_sample, text_sample
 from fivefold.conversion.vit import VIT_KEYS
-from fivefold.modeling import bert, modernbert, roberta, vit
+from fivefold.modeling import bert, gpt2, modernbert, roberta, vit
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,12 @@ TINY_MODERNBERT = dict(
 TINY_VIT = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=32, patch_size=8,
     num_channels=3,
+)  # fmt: skip
+
+# Special ids below the random tokens of the samples, so that no real token reads as padding or the end.
+TINY_GPT2 = dict(
+    vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -133,6 +141,20 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         keys=VIT_KEYS,
         tiny=TINY_VIT,
         sample_inputs=image_sample,
+    ),
+    Architecture(
+        stock_model_type="gpt2",
+        stock_prefix="transformer",
+        config_class=FivefoldGPT2Config,
+        models={
+            "AutoModel": gpt2.FivefoldGPT2Model,
+            "AutoModelForCausalLM": gpt2.FivefoldGPT2LMHeadModel,
+            "AutoModelForSequenceClassification": gpt2.FivefoldGPT2ForSequenceClassification,
+            "AutoModelForTokenClassification": gpt2.FivefoldGPT2ForTokenClassification,
+        },
+        keys=GPT2_KEYS,
+        tiny=TINY_GPT2,
+        sample_inputs=causal_text_sample,
     ),
 )
 

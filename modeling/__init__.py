@@ -11,6 +11,13 @@ from .bert import (
     FivefoldBertModel,
     FivefoldBertPreTrainedModel,
 )
+from .gpt2 import (
+    FivefoldGPT2ForSequenceClassification,
+    FivefoldGPT2ForTokenClassification,
+    FivefoldGPT2LMHeadModel,
+    FivefoldGPT2Model,
+    FivefoldGPT2PreTrainedModel,
+)
 from .modernbert import (
     FivefoldModernBertForMaskedLM,
     FivefoldModernBertForMultipleChoice,
@@ -41,6 +48,11 @@ __all__ = [
     "FivefoldBertForTokenClassification",
     "FivefoldBertModel",
     "FivefoldBertPreTrainedModel",
+    "FivefoldGPT2ForSequenceClassification",
+    "FivefoldGPT2ForTokenClassification",
+    "FivefoldGPT2LMHeadModel",
+    "FivefoldGPT2Model",
+    "FivefoldGPT2PreTrainedModel",
     "FivefoldModernBertForMaskedLM",
     "FivefoldModernBertForMultipleChoice",
     "FivefoldModernBertForQuestionAnswering",
