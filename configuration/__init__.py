@@ -1,6 +1,7 @@
 """Configurations: the stock config of each architecture under a fivefold model type."""
 
 from .bert import FivefoldBertConfig
+from .gpt2 import FivefoldGPT2Config
 from .roberta import FivefoldRobertaConfig
 
-__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig"]
+__all__ = ["FivefoldBertConfig", "FivefoldGPT2Config", "FivefoldRobertaConfig"]

@@ -64,6 +64,21 @@ for _n in (2, 3):
     )
 
 
+def _then(first: Transform, second: Transform, inverse_name: str) -> Transform:
+    """`first`, then `second` on its results."""
+    return Transform(
+        f"{first.name}_{second.name}",
+        lambda t: second.apply(first.apply(t)),
+        lambda s: second.shapes(first.shapes(s)),
+        inverse_name,
+    )
+
+
+# GPT-2's fused Conv1D c_attn [C, 3C] -> q, k, v Linears [C, C] each (and its bias [3C] -> 3 x [C]), and back.
+TRANSFORMS["transpose_split3"] = _then(TRANSFORMS["transpose"], TRANSFORMS["split3"], "concat3_transpose")
+TRANSFORMS["concat3_transpose"] = _then(TRANSFORMS["concat3"], TRANSFORMS["transpose"], "transpose_split3")
+
+
 @dataclass(frozen=True)
 class Rule:
     source: tuple[str, ...]

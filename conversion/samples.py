@@ -38,7 +38,7 @@ def text_inputs(config, batch: int = 3, length: int = 12, seed: int = 0, choices
     attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
     input_ids = input_ids.masked_fill(attention_mask == 0, pad)
     token_type_ids = (torch.arange(length)[None, :] >= (lengths[:, None] // 2)).long() * attention_mask
-    if config.type_vocab_size < 2:
+    if getattr(config, "type_vocab_size", 2) < 2:  # GPT-2 has no such field: token types index its word table
         token_type_ids = torch.zeros_like(token_type_ids)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
     if choices:
@@ -49,3 +49,17 @@ def text_inputs(config, batch: int = 3, length: int = 12, seed: int = 0, choices
 def text_sample(config, stock_class: str, seed: int = 0) -> dict:
     """The inputs `verify` and `demo` feed a text encoder's head class (multiple choice gets two choices)."""
     return text_inputs(config, seed=seed, choices=2 if stock_class.endswith("ForMultipleChoice") else None)
+
+
+def left_padded(inputs: dict) -> dict:
+    """The same rows padded on the left, as batched prompts are for generation."""
+    mask = inputs["attention_mask"]
+    order = torch.argsort(mask, dim=-1, stable=True)  # padding (0) first, tokens keep their order
+    return {k: torch.gather(v, -1, order) for k, v in inputs.items()}
+
+
+def causal_text_sample(config, stock_class: str, seed: int = 0) -> dict:
+    """The inputs `verify` and `demo` feed a decoder: a ragged batch, left-padded, without token types."""
+    inputs = text_inputs(config, seed=seed)
+    inputs.pop("token_type_ids")
+    return left_padded(inputs)

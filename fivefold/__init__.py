@@ -6,7 +6,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 import transformers
 
 from fivefold.architectures import ARCHITECTURES
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldGPT2Config, FivefoldRobertaConfig
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
@@ -26,6 +26,7 @@ _register()
 __all__ = [
     "ConversionError",
     "FivefoldBertConfig",
+    "FivefoldGPT2Config",
     "FivefoldRobertaConfig",
     "__version__",
     "convert",

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldGPT2Config, FivefoldRobertaConfig
 from fivefold.conversion.bert import BERT_KEYS
+from fivefold.conversion.gpt2 import GPT2_KEYS
 from fivefold.conversion.keymap import KeyMap
 from fivefold.conversion.roberta import ROBERTA_KEYS
-from fivefold.conversion.samples import text_sample
-from fivefold.modeling import bert, roberta
+from fivefold.conversion.samples import causal_text_sample, text_sample
+from fivefold.modeling import bert, gpt2, roberta
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ TINY_TEXT_ENCODER = dict(
     max_position_embeddings=64, type_vocab_size=2,
 )  # fmt: skip
 
+# Special ids below the random tokens of the samples, so that no real token reads as padding or the end.
+TINY_GPT2 = dict(
+    vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         stock_model_type="bert",
@@ -84,6 +91,20 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=ROBERTA_KEYS,
         tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    ),
+    Architecture(
+        stock_model_type="gpt2",
+        stock_prefix="transformer",
+        config_class=FivefoldGPT2Config,
+        models={
+            "AutoModel": gpt2.FivefoldGPT2Model,
+            "AutoModelForCausalLM": gpt2.FivefoldGPT2LMHeadModel,
+            "AutoModelForSequenceClassification": gpt2.FivefoldGPT2ForSequenceClassification,
+            "AutoModelForTokenClassification": gpt2.FivefoldGPT2ForTokenClassification,
+        },
+        keys=GPT2_KEYS,
+        tiny=TINY_GPT2,
+        sample_inputs=causal_text_sample,
     ),
 )
 

@@ -11,6 +11,13 @@ from .bert import (
     FivefoldBertModel,
     FivefoldBertPreTrainedModel,
 )
+from .gpt2 import (
+    FivefoldGPT2ForSequenceClassification,
+    FivefoldGPT2ForTokenClassification,
+    FivefoldGPT2LMHeadModel,
+    FivefoldGPT2Model,
+    FivefoldGPT2PreTrainedModel,
+)
 from .roberta import (
     FivefoldRobertaForMaskedLM,
     FivefoldRobertaForMultipleChoice,
@@ -31,6 +38,11 @@ __all__ = [
     "FivefoldBertForTokenClassification",
     "FivefoldBertModel",
     "FivefoldBertPreTrainedModel",
+    "FivefoldGPT2ForSequenceClassification",
+    "FivefoldGPT2ForTokenClassification",
+    "FivefoldGPT2LMHeadModel",
+    "FivefoldGPT2Model",
+    "FivefoldGPT2PreTrainedModel",
     "FivefoldRobertaForMaskedLM",
     "FivefoldRobertaForMultipleChoice",
     "FivefoldRobertaForQuestionAnswering",

@@ -1,0 +1,100 @@
+"""GPT-2: learned absolute positions, pre-norm blocks, GELU (tanh) feed-forward, causal attention, LM head tied
+to the word embeddings. Token types, where given, are embedded with the word table as in stock.
+
+The recipe maps the stock `GPT2Config` fields onto shared parts; the classes below are one-line wirings.
+"""
+
+import math
+
+from torch import nn
+from transformers import initialization as init
+
+from ..configuration.gpt2 import FivefoldGPT2Config
+from .attention import AttentionSpec
+from .block import Block, BlockSpec
+from .decoder import (
+    DecoderEmbeddingSpec,
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+    DecoderModel,
+    DecoderPreTrainedModel,
+    DecoderRecipe,
+)
+from .feedforward import FeedForwardSpec
+
+
+def gpt2_attention_scale(config, layer_idx: int) -> float:
+    """Stock's scaling options: 1/sqrt(head_dim) unless scale_attn_weights is off, and optionally 1/(layer + 1)."""
+    scale = (config.n_embd // config.n_head) ** -0.5 if config.scale_attn_weights else 1.0
+    return scale / (layer_idx + 1) if config.scale_attn_by_inverse_layer_idx else scale
+
+
+def gpt2_recipe(config) -> DecoderRecipe:
+    def block(layer_idx: int) -> BlockSpec:
+        return BlockSpec(
+            attention=AttentionSpec(
+                hidden_size=config.n_embd,
+                num_heads=config.n_head,
+                dropout=config.attn_pdrop,
+                is_causal=True,
+                scaling=gpt2_attention_scale(config, layer_idx),
+            ),
+            feedforward=FeedForwardSpec(
+                kind="dense",
+                hidden_size=config.n_embd,
+                intermediate_size=config.n_inner if config.n_inner is not None else 4 * config.n_embd,
+                activation=config.activation_function,
+            ),
+            norm="layernorm",
+            norm_eps=config.layer_norm_epsilon,
+            prenorm=True,
+            dropout=config.resid_pdrop,
+        )
+
+    classifier_dropout = getattr(config, "classifier_dropout", None)
+    if classifier_dropout is None:
+        classifier_dropout = getattr(config, "hidden_dropout", None)
+    return DecoderRecipe(
+        embeddings=DecoderEmbeddingSpec(
+            vocab_size=config.vocab_size,
+            hidden_size=config.n_embd,
+            padding_idx=None,
+            max_positions=config.n_positions,
+            dropout=config.embd_pdrop,
+            token_types_from_words=True,
+        ),
+        blocks=tuple(block(i) for i in range(config.n_layer)),
+        final_norm="layernorm",
+        norm_eps=config.layer_norm_epsilon,
+        classifier_dropout=classifier_dropout if classifier_dropout is not None else 0.1,
+    )
+
+
+class FivefoldGPT2PreTrainedModel(DecoderPreTrainedModel):
+    config: FivefoldGPT2Config
+    recipe = staticmethod(gpt2_recipe)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        # GPT-2's scheme: the projections writing into the residual stream start smaller, by 1/sqrt(2 n_layer).
+        if isinstance(module, Block):
+            std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
+            for proj in (module.attn.o_proj, module.mlp.down_proj):
+                init.normal_(proj.weight, mean=0.0, std=std)
+
+
+class FivefoldGPT2Model(FivefoldGPT2PreTrainedModel, DecoderModel):
+    pass
+
+
+class FivefoldGPT2LMHeadModel(FivefoldGPT2PreTrainedModel, DecoderForCausalLM):
+    base_model_class = FivefoldGPT2Model
+
+
+class FivefoldGPT2ForSequenceClassification(FivefoldGPT2PreTrainedModel, DecoderForSequenceClassification):
+    base_model_class = FivefoldGPT2Model
+
+
+class FivefoldGPT2ForTokenClassification(FivefoldGPT2PreTrainedModel, DecoderForTokenClassification):
+    base_model_class = FivefoldGPT2Model
