@@ -2,6 +2,7 @@
 
 from .bert import FivefoldBertConfig
 from .gpt2 import FivefoldGPT2Config
+from .mixtral import FivefoldMixtralConfig
 from .roberta import FivefoldRobertaConfig
 
-__all__ = ["FivefoldBertConfig", "FivefoldGPT2Config", "FivefoldRobertaConfig"]
+__all__ = ["FivefoldBertConfig", "FivefoldGPT2Config", "FivefoldMixtralConfig", "FivefoldRobertaConfig"]

@@ -6,7 +6,12 @@ Importing fivefold registers every fivefold config and model with transformers' 
 import transformers
 
 from fivefold.architectures import ARCHITECTURES
-from fivefold.configuration import FivefoldBertConfig, FivefoldGPT2Config, FivefoldRobertaConfig
+from fivefold.configuration import (
+    FivefoldBertConfig,
+    FivefoldGPT2Config,
+    FivefoldMixtralConfig,
+    FivefoldRobertaConfig,
+)
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
@@ -27,6 +32,7 @@ __all__ = [
     "ConversionError",
     "FivefoldBertConfig",
     "FivefoldGPT2Config",
+    "FivefoldMixtralConfig",
     "FivefoldRobertaConfig",
     "__version__",
     "convert",

@@ -18,6 +18,12 @@ from .gpt2 import (
     FivefoldGPT2Model,
     FivefoldGPT2PreTrainedModel,
 )
+from .mixtral import (
+    FivefoldMixtralForCausalLM,
+    FivefoldMixtralForSequenceClassification,
+    FivefoldMixtralModel,
+    FivefoldMixtralPreTrainedModel,
+)
 from .roberta import (
     FivefoldRobertaForMaskedLM,
     FivefoldRobertaForMultipleChoice,
@@ -43,6 +49,10 @@ __all__ = [
     "FivefoldGPT2LMHeadModel",
     "FivefoldGPT2Model",
     "FivefoldGPT2PreTrainedModel",
+    "FivefoldMixtralForCausalLM",
+    "FivefoldMixtralForSequenceClassification",
+    "FivefoldMixtralModel",
+    "FivefoldMixtralPreTrainedModel",
     "FivefoldRobertaForMaskedLM",
     "FivefoldRobertaForMultipleChoice",
     "FivefoldRobertaForQuestionAnswering",

@@ -26,6 +26,7 @@ class MoESpec:
     top_k: int  # experts per token
     activation: str = "silu"  # SwiGLU experts
     jitter_noise: float = 0.0  # in training, inputs scaled by U(1 - noise, 1 + noise), as in Mixtral
+    kind: str = "moe"  # its key in feedforward.FEEDFORWARDS, so that a block builds it like any feed-forward
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
