@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassClassValidationError
 
 import fivefold
 from fivefold import FivefoldMixtralConfig, FivefoldMixtralForCausalLM
@@ -178,5 +179,5 @@ def test_sequence_classification_with_padding_matches_stock(converted):
     ],
 )
 def test_config_refuses_inconsistent_fields(fields, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
         FivefoldMixtralConfig(**{"hidden_size": 32, "intermediate_size": 40, **fields})
