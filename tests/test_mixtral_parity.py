@@ -181,3 +181,17 @@ def test_sequence_classification_with_padding_matches_stock(converted):
 def test_config_refuses_inconsistent_fields(fields, message):
     with pytest.raises(StrictDataclassClassValidationError, match=message):
         FivefoldMixtralConfig(**{"hidden_size": 32, "intermediate_size": 40, **fields})
+
+
+def test_converted_mixtral_loads_as_remote_code_without_fivefold(converted, tmp_path):
+    from test_remote_code import _remote_logits
+
+    src, dst = converted("mixtral", "MixtralForCausalLM")
+    assert {"modeling_mixtral.py", "modeling_moe.py", "modeling_decoder.py"} <= {p.name for p in dst.glob("*.py")}
+    stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
+    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
+    remote = _remote_logits(tmp_path, dst, "AutoModelForCausalLM", inputs)
+    assert remote["cls"] == "FivefoldMixtralForCausalLM" and remote["module"].startswith("transformers_modules.")
+    with torch.no_grad():
+        expected = stock(**inputs).logits
+    assert (remote["logits"] - expected)[inputs["attention_mask"].bool()].abs().max() <= TOL
