@@ -31,6 +31,7 @@ import transformers
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import fivefold
+from fivefold.conversion.mixtral import copy_stock_moe_block
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec
 
 REDUCED = dict(
@@ -121,11 +122,7 @@ def bench_layer(fields: dict, runs: int, shapes: list[tuple[int, int]]):
         stock.gate.weight.normal_(0.0, 0.5)
         stock.experts.gate_up_proj.normal_(0.0, 0.02)
         stock.experts.down_proj.normal_(0.0, 0.02)
-        ours.router.weight.copy_(stock.gate.weight)
-        for e, expert in enumerate(ours.experts):
-            expert.gate_proj.weight.copy_(stock.experts.gate_up_proj[e, :width])
-            expert.up_proj.weight.copy_(stock.experts.gate_up_proj[e, width:])
-            expert.down_proj.weight.copy_(stock.experts.down_proj[e])
+    copy_stock_moe_block(stock, ours)
 
     def run_stock(impl, x):
         config._experts_implementation = impl

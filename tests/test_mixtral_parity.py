@@ -25,6 +25,11 @@ def _stock_and_ours(folder, attn="sdpa"):
     return stock, ours
 
 
+def _labelled_sample(config) -> tuple[dict, torch.Tensor]:
+    inputs = causal_text_sample(config, "MixtralForCausalLM")
+    return inputs, inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+
+
 def _greedy(model, inputs):
     with torch.no_grad():
         return model.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
@@ -102,10 +107,9 @@ def test_sliding_window_generation_matches_stock(stock_checkpoint):
 
 def test_router_logits_and_aux_loss_match_stock(converted):
     src, dst = converted("mixtral", "MixtralForCausalLM")
-    stock, ours = _stock_and_ours(src)
+    stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
     ours = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()
-    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
-    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    inputs, labels = _labelled_sample(stock.config)
     with torch.no_grad():
         a = stock(**inputs, labels=labels, output_router_logits=True)
         b = ours(**inputs, labels=labels, output_router_logits=True)
@@ -125,8 +129,7 @@ def test_router_z_loss_is_added_when_configured(converted):
     _, dst = converted("mixtral", "MixtralForCausalLM")
     ours = FivefoldMixtralForCausalLM.from_pretrained(dst, router_z_loss_coef=0.01).eval()
     base = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()
-    inputs = causal_text_sample(ours.config, "MixtralForCausalLM")
-    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    inputs, labels = _labelled_sample(ours.config)
     with torch.no_grad():
         with_z = ours(**inputs, labels=labels, output_router_logits=True)
         without = base(**inputs, labels=labels, output_router_logits=True)

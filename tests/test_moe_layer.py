@@ -6,6 +6,7 @@ import torch
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
 
+from fivefold.conversion.mixtral import copy_stock_moe_block
 from fivefold.modeling.feedforward import FeedForwardSpec, GatedFeedForward, build_feedforward
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec, load_balancing_loss, router_z_loss
 
@@ -26,11 +27,7 @@ def _pair(num_experts=E, top_k=K, jitter=0.0, seed=0):
         stock.gate.weight.normal_(0, 1.0)
         stock.experts.gate_up_proj.normal_(0, 0.2)
         stock.experts.down_proj.normal_(0, 0.2)
-        ours.router.weight.copy_(stock.gate.weight)
-        for e, expert in enumerate(ours.experts):
-            expert.gate_proj.weight.copy_(stock.experts.gate_up_proj[e, :F])
-            expert.up_proj.weight.copy_(stock.experts.gate_up_proj[e, F:])
-            expert.down_proj.weight.copy_(stock.experts.down_proj[e])
+    copy_stock_moe_block(stock, ours)
     return stock, ours
 
 
