@@ -13,6 +13,7 @@ the checkpoint size and the RSS of a process that only imports the libraries.
     python benchmarks/mixtral.py                  # markdown to stdout (about 10 minutes on 2 cores)
     python benchmarks/mixtral.py --quick          # tiny sizes, seconds: a smoke test
     python benchmarks/mixtral.py --runs 7 --out results.md
+    python benchmarks/mixtral.py --threads 1 --no-loading   # one thread, less exposed to a busy machine
 """
 
 import argparse
@@ -173,12 +174,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", help="also write the markdown table here")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--no-loading", action="store_true", help="skip the loading-memory measurement")
     parser.add_argument("--load-only", nargs=2, metavar=("WHICH", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_only:
         return load_only(*args.load_only)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     fields, fine = (QUICK, QUICK_FINE) if args.quick else (REDUCED, FINE_GRAINED)
     runs = 2 if args.quick else args.runs
     prefill, prompt, new = ((2, 16), 8, 8) if args.quick else ((4, 128), 32, 32)
@@ -199,19 +204,20 @@ def main() -> None:
             shown = diff if isinstance(diff, str) else f"{diff:.1e}"
             lines.append(f"| {what} | {shape} | {impl} | {s * 1e3:,.1f} | {f * 1e3:,.1f} | {s / f:.2f}x | {shown} |")
 
-        size = checkpoint_bytes(stock_dir)
-        base = peak_rss("baseline", stock_dir)
-        lines += [
-            "",
-            f"loading (fresh process, `/usr/bin/time -v`): checkpoint {size / 2**20:,.0f} MiB, "
-            f"libraries alone {base / 2**20:,.0f} MiB RSS",
-            "",
-            "| loader | peak RSS MiB | peak / checkpoint | (peak - libraries) / checkpoint |",
-            "|---|---|---|---|",
-        ]
-        for which, folder in (("stock", stock_dir), ("fivefold", our_dir)):
-            peak = peak_rss(which, folder)
-            lines.append(f"| {which} | {peak / 2**20:,.0f} | {peak / size:.2f}x | {(peak - base) / size:.2f}x |")
+        if not args.no_loading:
+            size = checkpoint_bytes(stock_dir)
+            base = peak_rss("baseline", stock_dir)
+            lines += [
+                "",
+                f"loading (fresh process, `/usr/bin/time -v`): checkpoint {size / 2**20:,.0f} MiB, "
+                f"libraries alone {base / 2**20:,.0f} MiB RSS",
+                "",
+                "| loader | peak RSS MiB | peak / checkpoint | (peak - libraries) / checkpoint |",
+                "|---|---|---|---|",
+            ]
+            for which, folder in (("stock", stock_dir), ("fivefold", our_dir)):
+                peak = peak_rss(which, folder)
+                lines.append(f"| {which} | {peak / 2**20:,.0f} | {peak / size:.2f}x | {(peak - base) / size:.2f}x |")
     report = "\n".join(lines)
     print(report)
     if args.out:
