@@ -60,6 +60,24 @@ def test_greedy_generation_matches_stock(converted, attn):
     assert torch.equal(expected, got)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [dict(do_sample=True, top_k=20, temperature=0.8), dict(num_beams=3, do_sample=False)],
+    ids=["sampling", "beam-search"],
+)
+def test_sampling_and_beam_search_match_stock(converted, options):
+    src, dst = converted("mixtral", "MixtralForCausalLM")
+    stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
+    ours = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()
+    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
+    runs = []
+    for model in (stock, ours):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            runs.append(model.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **options))
+    assert torch.equal(*runs)
+
+
 def test_sharded_stock_checkpoint_converts_and_loads_directly(sharded):
     src, dst = sharded
     assert max(verify(src, dst).values()) <= TOL
