@@ -78,6 +78,8 @@ class MixtureOfExperts(nn.Module):
                 # An expert placed on another device answers there; the tokens are combined where x lives.
                 outputs.append(expert(grouped[start : start + count]).to(x.device))
                 start += count
+        if not outputs:  # no tokens at all
+            return torch.zeros_like(x)
         y = torch.cat(outputs) * weights.reshape(-1)[order, None]  # [A, C], fp32 like Mixtral's weighting
         return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 

@@ -66,6 +66,11 @@ def test_experts_without_tokens_are_skipped():
     assert calls == sorted(calls)  # one call per expert, tokens grouped
 
 
+def test_no_tokens():
+    _, ours = _pair()
+    assert ours(torch.randn(2, 0, C)).shape == (2, 0, C)
+
+
 def test_gradients_match_stock():
     stock, ours = _pair()
     x = torch.randn(2, 5, C)
