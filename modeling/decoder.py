@@ -78,6 +78,26 @@ def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length
         )
 
 
+def input_major_weights(model: nn.Module) -> None:
+    """Stores every CPU Linear weight [out, in] as the transpose of a contiguous [in, out] matrix: the layout stock
+    GPT-2's Conv1D layers keep. Shapes, names, values and saved files are unchanged (saving makes tensors
+    contiguous). A decoding step multiplies one row per sequence by each weight, and on CPU `row @ [in, out]`
+    streams the weight faster than `row @ [out, in]^T` (measured in benchmarks/gpt2.py). Idempotent."""
+    with torch.no_grad():
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, nn.Linear) and weight.device.type == "cpu" and weight.is_contiguous():
+                weight.data = weight.data.t().contiguous().t()
+
+
+def row_major_weights(model: nn.Module) -> None:
+    """Undoes input_major_weights: every weight contiguous again."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
+
+
 class DecoderEmbeddings(nn.Module):
     """Word embeddings (+ learned absolute positions) (+ GPT-2's token types through the word table), dropout."""
 
@@ -126,6 +146,12 @@ class DecoderPreTrainedModel(FivefoldPreTrainedModel):
     @staticmethod
     def recipe(config) -> DecoderRecipe:
         raise NotImplementedError("a decoder architecture defines recipe(config)")
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # transformers' check for tied tensors flattens them with view(-1), which needs the row-major layout
+        # generate() may have swapped out (input_major_weights); the next generate() swaps it back in.
+        row_major_weights(self)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DecoderModel(DecoderPreTrainedModel):
@@ -181,9 +207,7 @@ class DecoderModel(DecoderPreTrainedModel):
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # [B, T, C]
 
-        make_mask = create_causal_mask if self.sliding_window is None else create_sliding_window_causal_mask
-        # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
-        mask = make_mask(self.config, hidden, attention_mask, cache, position_ids)
+        mask = self._attention_mask(hidden, attention_mask, cache, position_ids)
         position_embeddings = self.rotary(position_ids, hidden.dtype) if self.rotary is not None else None
         if self.sliding_window is not None:
             kwargs["sliding_window"] = self.sliding_window  # for kernels that take the window, not a mask (flash)
@@ -191,6 +215,22 @@ class DecoderModel(DecoderPreTrainedModel):
             hidden = layer(hidden, mask, position_embeddings, cache=cache, position_ids=position_ids, **kwargs)
         hidden = self.norm(hidden)
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
+
+    def _attention_mask(self, hidden: torch.Tensor, attention_mask, cache, position_ids):
+        """The mask in the form the selected kernel wants, built by transformers' mask functions, except for the
+        commonest call of all: one new token per row, decoded with sdpa or eager attention. That token sees every
+        cached key, so padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]."""
+        past = cache.get_seq_length() if cache is not None else 0
+        if (
+            hidden.shape[1] == 1
+            and self.sliding_window is None
+            and self.config._attn_implementation in ("sdpa", "eager")
+            and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.shape[1] == past + 1))
+        ):
+            return None if attention_mask is None else attention_mask[:, None, None, :].bool()
+        make_mask = create_causal_mask if self.sliding_window is None else create_sliding_window_causal_mask
+        # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
+        return make_mask(self.config, hidden, attention_mask, cache, position_ids)
 
 
 class DecoderTaskModel(DecoderPreTrainedModel):
@@ -233,6 +273,11 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
+
+    def generate(self, *args, **kwargs):
+        """transformers' `generate`, after laying the weights out for decoding on CPU (see input_major_weights)."""
+        input_major_weights(self)
+        return super().generate(*args, **kwargs)
 
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts

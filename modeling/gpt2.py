@@ -23,6 +23,10 @@ from .decoder import (
 )
 from .feedforward import FeedForwardSpec
 
+# The same function as one fused kernel: "gelu_new" is the tanh GELU written as seven elementwise ops, each a
+# separate dispatch on every layer of every decoding step.
+FUSED_EQUIVALENTS = {"gelu_new": "gelu_pytorch_tanh"}
+
 
 def gpt2_attention_scale(config, layer_idx: int) -> float:
     """Stock's scaling options: 1/sqrt(head_dim) unless scale_attn_weights is off, and optionally 1/(layer + 1)."""
@@ -44,7 +48,7 @@ def gpt2_recipe(config) -> DecoderRecipe:
                 kind="dense",
                 hidden_size=config.n_embd,
                 intermediate_size=config.n_inner if config.n_inner is not None else 4 * config.n_embd,
-                activation=config.activation_function,
+                activation=FUSED_EQUIVALENTS.get(config.activation_function, config.activation_function),
             ),
             norm="layernorm",
             norm_eps=config.layer_norm_epsilon,
