@@ -62,8 +62,8 @@ class MixtureOfExperts(nn.Module):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
         if self.training and self.jitter_noise > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-        _, weights, experts = self.router(x)
-        return self.dispatch(x, weights, experts).view(hidden_states.shape)
+        _, weights, experts = self.router(x)  # on the router's device, which a device_map may choose
+        return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [N, C], weights/experts: [N, K] -> [N, C], each token the weighted sum of its experts' outputs."""
