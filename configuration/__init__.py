@@ -2,6 +2,7 @@
 
 from .bert import FivefoldBertConfig
 from .gpt2 import FivefoldGPT2Config
+from .mixtral import FivefoldMixtralConfig
 from .modernbert import FivefoldModernBertConfig
 from .roberta import FivefoldRobertaConfig
 from .vit import FivefoldViTConfig
@@ -9,6 +10,7 @@ from .vit import FivefoldViTConfig
 __all__ = [
     "FivefoldBertConfig",
     "FivefoldGPT2Config",
+    "FivefoldMixtralConfig",
     "FivefoldModernBertConfig",
     "FivefoldRobertaConfig",
     "FivefoldViTConfig",

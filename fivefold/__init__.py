@@ -9,6 +9,7 @@ from fivefold.architectures import ARCHITECTURES
 from fivefold.configuration import (
     FivefoldBertConfig,
     FivefoldGPT2Config,
+    FivefoldMixtralConfig,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
     FivefoldViTConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "FivefoldBertConfig",
     "FivefoldModernBertConfig",
     "FivefoldGPT2Config",
+    "FivefoldMixtralConfig",
     "FivefoldRobertaConfig",
     "FivefoldViTConfig",
     "__version__",

@@ -9,6 +9,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from fivefold.configuration import (
     FivefoldBertConfig,
     FivefoldGPT2Config,
+    FivefoldMixtralConfig,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
     FivefoldViTConfig,
@@ -16,11 +17,12 @@ from fivefold.configuration import (
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.gpt2 import GPT2_KEYS
 from fivefold.conversion.keymap import KeyMap
+from fivefold.conversion.mixtral import MIXTRAL_KEYS
 from fivefold.conversion.modernbert import MODERNBERT_KEYS, modernbert_sample
 from fivefold.conversion.roberta import ROBERTA_KEYS
 from fivefold.conversion.samples import causal_text_sample, image_sample, text_sample
 from fivefold.conversion.vit import VIT_KEYS
-from fivefold.modeling import bert, gpt2, modernbert, roberta, vit
+from fivefold.modeling import bert, gpt2, mixtral, modernbert, roberta, vit
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,14 @@ TINY_VIT = dict(
 # Special ids below the random tokens of the samples, so that no real token reads as padding or the end.
 TINY_GPT2 = dict(
     vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+# Four experts, two per token; two key/value heads for four query heads (grouped-query attention). The expert
+# width is 40, not 37: stock's default `grouped_mm` experts on CPU need rows that are multiples of 16 bytes.
+TINY_MIXTRAL = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=40, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
     pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
 
@@ -154,6 +164,19 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=GPT2_KEYS,
         tiny=TINY_GPT2,
+        sample_inputs=causal_text_sample,
+    ),
+    Architecture(
+        stock_model_type="mixtral",
+        stock_prefix="model",
+        config_class=FivefoldMixtralConfig,
+        models={
+            "AutoModel": mixtral.FivefoldMixtralModel,
+            "AutoModelForCausalLM": mixtral.FivefoldMixtralForCausalLM,
+            "AutoModelForSequenceClassification": mixtral.FivefoldMixtralForSequenceClassification,
+        },
+        keys=MIXTRAL_KEYS,
+        tiny=TINY_MIXTRAL,
         sample_inputs=causal_text_sample,
     ),
 )

@@ -18,6 +18,12 @@ from .gpt2 import (
     FivefoldGPT2Model,
     FivefoldGPT2PreTrainedModel,
 )
+from .mixtral import (
+    FivefoldMixtralForCausalLM,
+    FivefoldMixtralForSequenceClassification,
+    FivefoldMixtralModel,
+    FivefoldMixtralPreTrainedModel,
+)
 from .modernbert import (
     FivefoldModernBertForMaskedLM,
     FivefoldModernBertForMultipleChoice,
@@ -53,6 +59,10 @@ __all__ = [
     "FivefoldGPT2LMHeadModel",
     "FivefoldGPT2Model",
     "FivefoldGPT2PreTrainedModel",
+    "FivefoldMixtralForCausalLM",
+    "FivefoldMixtralForSequenceClassification",
+    "FivefoldMixtralModel",
+    "FivefoldMixtralPreTrainedModel",
     "FivefoldModernBertForMaskedLM",
     "FivefoldModernBertForMultipleChoice",
     "FivefoldModernBertForQuestionAnswering",

@@ -53,7 +53,9 @@ class Block(GradientCheckpointingLayer):
         position_embeddings: object = None,
         **kwargs,
     ) -> torch.Tensor:  # [B, T, C]
+        # `.to`: under a device_map that splits a block (a mixture of experts spread over devices), a sub-layer may
+        # answer on its own device; the residual stream stays where it is. A no-op on one device.
         attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
-        hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out))
+        hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out).to(hidden_states.device))
         mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
-        return self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out))
+        return self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out).to(hidden_states.device))

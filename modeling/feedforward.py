@@ -55,10 +55,16 @@ class GatedFeedForward(nn.Module):
         return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))
 
 
-FEEDFORWARDS = {"dense": DenseFeedForward, "gated": GatedFeedForward}
+def _mixture_of_experts(spec) -> nn.Module:
+    from .moe import MixtureOfExperts  # imported here: its experts are this file's GatedFeedForward
+
+    return MixtureOfExperts(spec)
 
 
-def build_feedforward(spec: FeedForwardSpec) -> nn.Module:
+FEEDFORWARDS = {"dense": DenseFeedForward, "gated": GatedFeedForward, "moe": _mixture_of_experts}
+
+
+def build_feedforward(spec) -> nn.Module:  # a FeedForwardSpec, or a moe.MoESpec (kind "moe")
     if spec.kind not in FEEDFORWARDS:
         raise ValueError(f"unknown feed-forward {spec.kind!r}; valid: {', '.join(sorted(FEEDFORWARDS))}")
     return FEEDFORWARDS[spec.kind](spec)

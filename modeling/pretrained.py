@@ -8,6 +8,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
+from .moe import TopKRouter
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
@@ -31,6 +32,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
+        elif isinstance(module, TopKRouter):  # a bare parameter, initialised like the linear layers
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):

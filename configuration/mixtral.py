@@ -1,0 +1,52 @@
+"""Mixtral under the `fivefold_mixtral` model type: every field of the stock `MixtralConfig` is accepted as is,
+plus `router_z_loss_coef` (ST-MoE's router z-loss, off by default)."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import MixtralConfig
+
+from .base import FivefoldConfigMixin
+from .validation import check_attention_heads, check_positive
+
+
+@strict(accept_kwargs=True)
+class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
+    model_type = "fivefold_mixtral"
+    # Stock's parallelism plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts
+    # are separate modules, so those plans would point at nothing.
+    base_model_tp_plan = None
+    base_model_ep_plan = None
+    base_model_pp_plan = None
+
+    router_z_loss_coef: float = 0.0
+
+    def validate_architecture(self) -> None:
+        super().validate_architecture()
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_key_value_heads",
+            "num_local_experts",
+            "num_experts_per_tok",
+        )
+        if self.head_dim is None:
+            check_attention_heads(self)
+        else:
+            check_positive(self, "head_dim", "num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
+                f"({self.num_attention_heads}): each key/value head serves a whole group of query heads"
+            )
+        if self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must not exceed num_local_experts "
+                f"({self.num_local_experts})"
+            )
+        if self.sliding_window is not None:
+            check_positive(self, "sliding_window")
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported by fivefold_mixtral (only 'default')")

@@ -1,0 +1,118 @@
+"""Mixture of experts: a top-k router sends each token to k of E gated feed-forward experts and mixes their outputs.
+
+Every expert is its own module (a `GatedFeedForward`), so `device_map` can put the experts of one layer on
+different devices: each expert's output is moved back to where the layer combines tokens, and the checkpoint
+layout (`experts.{e}.gate_proj/up_proj/down_proj`) never depends on the placement. Tokens are dispatched grouped
+by expert (one sort, one host sync for the group sizes) and experts that received no token are skipped.
+
+Shapes: B batch, T time, C channels, N tokens (B*T), E experts, K experts per token, A assignments (N*K),
+F expert width.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .feedforward import FeedForwardSpec, GatedFeedForward
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    hidden_size: int
+    expert_size: int  # F, each expert's inner width
+    num_experts: int
+    top_k: int  # experts per token
+    activation: str = "silu"  # SwiGLU experts
+    jitter_noise: float = 0.0  # in training, inputs scaled by U(1 - noise, 1 + noise), as in Mixtral
+    kind: str = "moe"  # its key in feedforward.FEEDFORWARDS, so that a block builds it like any feed-forward
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+
+
+class TopKRouter(nn.Module):
+    """Mixtral's routing: softmax over all experts in fp32, keep the top k, renormalise them to sum to one."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))  # initialised by role in _init_weights
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # x: [N, C] -> logits [N, E] (recorded for the auxiliary losses), weights [N, K] fp32, experts [N, K]
+        logits = F.linear(x, self.weight)
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        return logits, weights / weights.sum(dim=-1, keepdim=True), experts
+
+
+class MixtureOfExperts(nn.Module):
+    def __init__(self, spec: MoESpec):
+        super().__init__()
+        self.top_k = spec.top_k
+        self.jitter_noise = spec.jitter_noise
+        self.router = TopKRouter(spec.hidden_size, spec.num_experts, spec.top_k)
+        expert = FeedForwardSpec("gated", spec.hidden_size, spec.expert_size, spec.activation, bias=False)
+        self.experts = nn.ModuleList(GatedFeedForward(expert) for _ in range(spec.num_experts))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
+        if self.training and self.jitter_noise > 0:
+            x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+        _, weights, experts = self.router(x)  # on the router's device, which a device_map may choose
+        return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
+
+    def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x: [N, C], weights/experts: [N, K] -> [N, C], each token the weighted sum of its experts' outputs."""
+        flat = experts.reshape(-1)  # [A]
+        order = flat.argsort(stable=True)  # [A], assignments grouped by expert
+        token = order // self.top_k  # [A], the token of each grouped assignment
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
+        grouped = x[token]  # [A, C]
+        outputs, start = [], 0
+        for expert, count in zip(self.experts, counts, strict=True):
+            if count:
+                # An expert placed on another device answers there; the tokens are combined where x lives.
+                outputs.append(expert(grouped[start : start + count]).to(x.device))
+                start += count
+        if not outputs:  # no tokens at all
+            return torch.zeros_like(x)
+        y = torch.cat(outputs) * weights.reshape(-1)[order, None]  # [A, C], fp32 like Mixtral's weighting
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+def load_balancing_loss(
+    router_logits: tuple[torch.Tensor, ...],  # per layer [N, E]
+    top_k: int,
+    attention_mask: torch.Tensor | None = None,  # [B, T], 1 = token; N = B*T
+) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss as Mixtral computes it: E * sum_e (share of assignments to e) *
+    (mean router probability of e), over all layers' tokens together, padding excluded."""
+    device = router_logits[0].device
+    num_experts = router_logits[0].shape[-1]
+    probs = torch.cat([logits.to(device) for logits in router_logits]).float().softmax(dim=-1)  # [L*N, E]
+    chosen = F.one_hot(probs.topk(top_k, dim=-1).indices, num_experts).sum(dim=1).float()  # [L*N, E]
+    if attention_mask is None:
+        mask = torch.ones(probs.shape[0], 1, device=device)
+    else:
+        mask = attention_mask.reshape(-1, 1).to(device, torch.float32).repeat(len(router_logits), 1)  # [L*N, 1]
+    tokens = mask.sum()
+    assigned = (chosen * mask).sum(dim=0) / tokens  # [E]
+    prob = (probs * mask).sum(dim=0) / tokens  # [E]
+    return num_experts * (assigned * prob).sum()
+
+
+def router_z_loss(
+    router_logits: tuple[torch.Tensor, ...],  # per layer [N, E]
+    attention_mask: torch.Tensor | None = None,  # [B, T]
+) -> torch.Tensor:
+    """ST-MoE's z-loss: the mean squared log-sum-exp of the router logits, keeping them small."""
+    device = router_logits[0].device
+    z = torch.cat([logits.to(device) for logits in router_logits]).float().logsumexp(dim=-1).square()  # [L*N]
+    if attention_mask is None:
+        return z.mean()
+    mask = attention_mask.reshape(-1).to(device, torch.float32).repeat(len(router_logits))  # [L*N]
+    return (z * mask).sum() / mask.sum()
