@@ -2,5 +2,6 @@
 
 from .bert import FivefoldBertConfig
 from .roberta import FivefoldRobertaConfig
+from .t5 import FivefoldT5Config
 
-__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig"]
+__all__ = ["FivefoldBertConfig", "FivefoldRobertaConfig", "FivefoldT5Config"]

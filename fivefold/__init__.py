@@ -6,7 +6,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 import transformers
 
 from fivefold.architectures import ARCHITECTURES
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, FivefoldT5Config
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
@@ -27,6 +27,7 @@ __all__ = [
     "ConversionError",
     "FivefoldBertConfig",
     "FivefoldRobertaConfig",
+    "FivefoldT5Config",
     "__version__",
     "convert",
     "export",

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
+from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, FivefoldT5Config
 from fivefold.conversion.bert import BERT_KEYS
 from fivefold.conversion.keymap import KeyMap
 from fivefold.conversion.roberta import ROBERTA_KEYS
 from fivefold.conversion.samples import text_sample
-from fivefold.modeling import bert, roberta
+from fivefold.conversion.t5 import T5_KEYS, t5_sample
+from fivefold.modeling import bert, roberta, t5
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,23 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         },
         keys=ROBERTA_KEYS,
         tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    ),
+    Architecture(
+        stock_model_type="t5",
+        stock_prefix="",  # public T5 files have no prefix
+        config_class=FivefoldT5Config,
+        models={
+            "AutoModel": t5.FivefoldT5Model,
+            "AutoModelForSeq2SeqLM": t5.FivefoldT5ForConditionalGeneration,
+            "AutoModelForTextEncoding": t5.FivefoldT5EncoderModel,
+        },
+        keys=T5_KEYS,
+        # Unequal depths, few buckets and a short max distance, so that every bucket range is exercised.
+        tiny=dict(
+            vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+        ),  # fmt: skip
+        sample_inputs=t5_sample,
     ),
 )
 

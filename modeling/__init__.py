@@ -20,6 +20,12 @@ from .roberta import (
     FivefoldRobertaModel,
     FivefoldRobertaPreTrainedModel,
 )
+from .t5 import (
+    FivefoldT5EncoderModel,
+    FivefoldT5ForConditionalGeneration,
+    FivefoldT5Model,
+    FivefoldT5PreTrainedModel,
+)
 
 __all__ = [
     "FivefoldBertForMaskedLM",
@@ -38,4 +44,8 @@ __all__ = [
     "FivefoldRobertaForTokenClassification",
     "FivefoldRobertaModel",
     "FivefoldRobertaPreTrainedModel",
+    "FivefoldT5EncoderModel",
+    "FivefoldT5ForConditionalGeneration",
+    "FivefoldT5Model",
+    "FivefoldT5PreTrainedModel",
 ]
