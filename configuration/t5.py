@@ -22,10 +22,10 @@ class FivefoldT5Config(FivefoldConfigMixin, T5Config):
         )  # fmt: skip
 
     def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None):
-        """For the decoder, a copy with the decoder's depth: `generate()` sizes its caches from it (stock T5 sizes
-        them from the encoder's `num_layers` and fails when the decoder is deeper)."""
+        """For the decoder alone, the decoder's depth: `generate()` sizes its caches from this config (stock T5
+        keeps the encoder's `num_layers` there and fails when the decoder is deeper)."""
         config = super().get_text_config(decoder=decoder, encoder=encoder)
-        if decoder and not encoder and config is self and self.num_decoder_layers != self.num_layers:
-            config = copy.deepcopy(self)
+        if decoder and not encoder:
+            config = copy.deepcopy(config) if config is self else config
             config.num_layers = self.num_decoder_layers
         return config

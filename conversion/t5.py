@@ -1,12 +1,14 @@
 """Public T5 checkpoints (t5-small ... t5-11b, t5-v1_1, flan-t5): no prefix; `shared` plus copies of it in each
 stack's `embed_tokens` and (v1.0) `lm_head`; the relative position bias lives in block 0 of each stack."""
 
+from collections.abc import Iterable
+
 import torch
 
-from .keymap import KeyMap, renames
+from .keymap import KeyMap, Plan, renames
 
 
-def _stack(stack: str, decoder: bool) -> dict[str, str | None]:
+def _stack(stack: str, decoder: bool, gated: bool) -> dict[str, str | None]:
     block = f"{stack}.block.{{}}.layer"
     ours = f"{stack}.layers.{{}}"
     ff = 2 if decoder else 1  # the decoder's layer 1 is cross-attention
@@ -18,13 +20,15 @@ def _stack(stack: str, decoder: bool) -> dict[str, str | None]:
         f"{block}.0.SelfAttention.v": f"{ours}.attn.v_proj",
         f"{block}.0.SelfAttention.o": f"{ours}.attn.o_proj",
         f"{block}.0.layer_norm": f"{ours}.norm_before_attn",
-        f"{block}.{ff}.DenseReluDense.wi": f"{ours}.mlp.up_proj",  # v1.0: relu
-        f"{block}.{ff}.DenseReluDense.wi_0": f"{ours}.mlp.gate_proj",  # v1.1: gelu(wi_0) * wi_1
-        f"{block}.{ff}.DenseReluDense.wi_1": f"{ours}.mlp.up_proj",
         f"{block}.{ff}.DenseReluDense.wo": f"{ours}.mlp.down_proj",
         f"{block}.{ff}.layer_norm": f"{ours}.norm_before_mlp",
         f"{stack}.final_layer_norm": f"{stack}.final_norm",
     }
+    if gated:  # v1.1 / FLAN: gelu(wi_0) * wi_1
+        rules |= {f"{block}.{ff}.DenseReluDense.wi_0": f"{ours}.mlp.gate_proj"}
+        rules |= {f"{block}.{ff}.DenseReluDense.wi_1": f"{ours}.mlp.up_proj"}
+    else:  # v1.0: relu(wi)
+        rules |= {f"{block}.{ff}.DenseReluDense.wi": f"{ours}.mlp.up_proj"}
     if decoder:
         rules |= {
             f"{block}.1.EncDecAttention.q": f"{ours}.cross_attn.q_proj",
@@ -38,10 +42,30 @@ def _stack(stack: str, decoder: bool) -> dict[str, str | None]:
     return rules
 
 
-T5_BASE = {"shared": "shared", **_stack("encoder", decoder=False), **_stack("decoder", decoder=True)}
+def _base(gated: bool) -> dict[str, str | None]:
+    encoder, decoder = _stack("encoder", False, gated), _stack("decoder", True, gated)
+    return {"shared": "shared", **encoder, **decoder}
+
+
 T5_HEADS = {"lm_head": "lm_head"}
 
-T5_KEYS = KeyMap(renames(T5_BASE), renames(T5_HEADS))
+
+class T5KeyMap(KeyMap):
+    """Both directions name our up projection `mlp.up_proj`, but stock calls it `wi` in v1.0 and `wi_1` in v1.1.
+    Which flavour a checkpoint is shows in its keys (a gate projection or not), so the rules are chosen per plan."""
+
+    def __init__(self):
+        super().__init__(renames(_base(gated=False)), renames(T5_HEADS))
+        self.gated = KeyMap(renames(_base(gated=True)), renames(T5_HEADS))
+
+    def plan(self, keys: Iterable[str], stock_prefix: str, our_prefix: str, inverse: bool = False) -> Plan:
+        keys = list(keys)
+        if any(".DenseReluDense.wi_0." in k or ".mlp.gate_proj." in k for k in keys):
+            return self.gated.plan(keys, stock_prefix, our_prefix, inverse)
+        return super().plan(keys, stock_prefix, our_prefix, inverse)
+
+
+T5_KEYS = T5KeyMap()
 
 
 def t5_sample(config, stock_class: str, seed: int = 0) -> dict:

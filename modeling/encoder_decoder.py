@@ -130,7 +130,7 @@ class Stack(EncoderDecoderPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         b, t, _ = inputs_embeds.shape
         use_cache = self.spec.causal and (use_cache if use_cache is not None else self.config.use_cache)
-        if self.is_activation_checkpointing and self.training:
+        if self.training and self.is_activation_checkpointing:
             use_cache = False
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
@@ -205,7 +205,7 @@ class EncoderDecoderBase(EncoderDecoderPreTrainedModel):
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
+        elif isinstance(encoder_outputs, (tuple, list)):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
