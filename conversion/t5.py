@@ -7,6 +7,8 @@ import torch
 
 from .keymap import KeyMap, Plan, renames
 
+BIAS = "relative_attention_bias"
+
 
 def _stack(stack: str, decoder: bool, gated: bool) -> dict[str, str | None]:
     block = f"{stack}.block.{{}}.layer"
@@ -14,7 +16,7 @@ def _stack(stack: str, decoder: bool, gated: bool) -> dict[str, str | None]:
     ff = 2 if decoder else 1  # the decoder's layer 1 is cross-attention
     rules = {
         f"{stack}.embed_tokens": f"{stack}.embed_tokens",
-        f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias": f"{stack}.relative_bias.relative_attention_bias",
+        f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias": f"{stack}.relative_bias.{BIAS}",
         f"{block}.0.SelfAttention.q": f"{ours}.attn.q_proj",
         f"{block}.0.SelfAttention.k": f"{ours}.attn.k_proj",
         f"{block}.0.SelfAttention.v": f"{ours}.attn.v_proj",
@@ -74,7 +76,8 @@ def t5_sample(config, stock_class: str, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(2, config.vocab_size, (3, 12), generator=gen)  # above pad (0) and EOS (1)
     attention_mask = (torch.arange(12)[None, :] < torch.tensor([[12], [9], [4]])).long()
-    inputs = {"input_ids": input_ids.masked_fill(attention_mask == 0, config.pad_token_id), "attention_mask": attention_mask}
+    input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if stock_class == "T5EncoderModel":
         return inputs
     targets = torch.randint(2, config.vocab_size, (3, 7), generator=gen)

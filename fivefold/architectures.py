@@ -53,6 +53,12 @@ TINY_TEXT_ENCODER = dict(
     max_position_embeddings=64, type_vocab_size=2,
 )  # fmt: skip
 
+# Unequal depths, few buckets and a short max distance, so that every bucket range is exercised.
+TINY_T5 = dict(
+    vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+)  # fmt: skip
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         stock_model_type="bert",
@@ -96,11 +102,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             "AutoModelForTextEncoding": t5.FivefoldT5EncoderModel,
         },
         keys=T5_KEYS,
-        # Unequal depths, few buckets and a short max distance, so that every bucket range is exercised.
-        tiny=dict(
-            vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
-        ),  # fmt: skip
+        tiny=TINY_T5,
         sample_inputs=t5_sample,
     ),
 )

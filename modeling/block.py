@@ -62,9 +62,8 @@ class Block(GradientCheckpointingLayer):
         attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
         hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out))
         if encoder_hidden_states is not None:
-            cross_out, _ = self.cross_attn(
-                self.norm_before_cross(hidden_states), encoder_hidden_states, encoder_attention_mask, encoder_decoder_cache
-            )
+            normed = self.norm_before_cross(hidden_states)
+            cross_out, _ = self.cross_attn(normed, encoder_hidden_states, encoder_attention_mask, encoder_decoder_cache)
             hidden_states = self.norm_after_cross(hidden_states + self.dropout(cross_out))
         mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
         return self.norm_after_mlp(hidden_states + self.dropout(mlp_out))

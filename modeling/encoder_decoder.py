@@ -128,7 +128,7 @@ class Stack(EncoderDecoderPreTrainedModel):
         if input_ids is not None:
             check_token_ids(input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
-        b, t, _ = inputs_embeds.shape
+        t = inputs_embeds.shape[1]
         use_cache = self.spec.causal and (use_cache if use_cache is not None else self.config.use_cache)
         if self.training and self.is_activation_checkpointing:
             use_cache = False
@@ -169,7 +169,7 @@ class EncoderDecoderBase(EncoderDecoderPreTrainedModel):
     """Shared embeddings and the two stacks; each stack's `embed_tokens` is tied to `shared`."""
 
     stack_class: type[Stack]
-    _tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
+    _tied_weights_keys = {f"{stack}.embed_tokens.weight": "shared.weight" for stack in ("encoder", "decoder")}
     _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
 
     def __init__(self, config):
