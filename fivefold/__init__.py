@@ -10,6 +10,7 @@ from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig, Fi
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
+from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ _register()
 
 __all__ = [
     "ConversionError",
+    "DataCollatorForSpanCorruption",
     "FivefoldBertConfig",
     "FivefoldRobertaConfig",
     "FivefoldT5Config",
