@@ -53,12 +53,18 @@ def sentinel_ids(tokenizer, count: int) -> list[int]:
     return ids
 
 
+def span_starts(noise: torch.Tensor) -> torch.Tensor:
+    """[L] bool: True on the first token of each noise span."""
+    return noise & ~torch.cat([torch.tensor([False]), noise[:-1]])
+
+
 def corrupt(tokens: torch.Tensor, noise: torch.Tensor, sentinels: list[int], eos: int) -> tuple[list[int], list[int]]:
     """One example: (input ids, target ids) for a [L] token sequence and its [L] noise mask."""
-    starts = noise & ~torch.cat([torch.tensor([False]), noise[:-1]])  # first token of each noise span
+    starts = span_starts(noise)
     span_index = starts.long().cumsum(0) - 1  # which span a noise token belongs to
     inputs, targets = [], []
-    for token, is_noise, is_start, span in zip(tokens.tolist(), noise.tolist(), starts.tolist(), span_index.tolist()):
+    rows = zip(tokens.tolist(), noise.tolist(), starts.tolist(), span_index.tolist(), strict=True)
+    for token, is_noise, is_start, span in rows:
         if is_start:
             inputs.append(sentinels[span])
             targets.append(sentinels[span])
@@ -107,9 +113,10 @@ class DataCollatorForSpanCorruption:
         pairs = []
         for example in examples:
             tokens = self._tokens(example)
-            noise = random_spans_noise_mask(len(tokens), self.noise_density, self.mean_noise_span_length, self.generator)
-            num_spans = int((noise & ~torch.cat([torch.tensor([False]), noise[:-1]])).sum()) if len(tokens) else 0
-            sentinels = sentinel_ids(self.tokenizer, num_spans)
+            noise = random_spans_noise_mask(
+                len(tokens), self.noise_density, self.mean_noise_span_length, self.generator
+            )
+            sentinels = sentinel_ids(self.tokenizer, int(span_starts(noise).sum()))
             if torch.isin(tokens, torch.tensor(sentinels, dtype=torch.long)).any():
                 raise ValueError("an example already holds a sentinel token (<extra_id_N>): it would be ambiguous")
             pairs.append(corrupt(tokens, noise, sentinels, eos))
