@@ -120,7 +120,7 @@ def test_trainer_steps_of_span_corruption_lower_the_loss(tokenizer, tmp_path):
     before = loss()
     args = TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=16, learning_rate=3e-2, report_to=[],
-        save_strategy="no", logging_strategy="no", use_cpu=True, remove_unused_columns=False, disable_tqdm=True,
+        save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
     )  # fmt: skip
     Trainer(model=model, args=args, train_dataset=train, data_collator=collator).train()
     after = loss()
