@@ -5,6 +5,7 @@ from .gpt2 import FivefoldGPT2Config
 from .mixtral import FivefoldMixtralConfig
 from .modernbert import FivefoldModernBertConfig
 from .roberta import FivefoldRobertaConfig
+from .t5 import FivefoldT5Config
 from .vit import FivefoldViTConfig
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "FivefoldMixtralConfig",
     "FivefoldModernBertConfig",
     "FivefoldRobertaConfig",
+    "FivefoldT5Config",
     "FivefoldViTConfig",
 ]

@@ -12,11 +12,13 @@ from fivefold.configuration import (
     FivefoldMixtralConfig,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
+    FivefoldT5Config,
     FivefoldViTConfig,
 )
 from fivefold.conversion import ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
+from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
 
@@ -32,11 +34,13 @@ _register()
 
 __all__ = [
     "ConversionError",
+    "DataCollatorForSpanCorruption",
     "FivefoldBertConfig",
     "FivefoldModernBertConfig",
     "FivefoldGPT2Config",
     "FivefoldMixtralConfig",
     "FivefoldRobertaConfig",
+    "FivefoldT5Config",
     "FivefoldViTConfig",
     "__version__",
     "convert",

@@ -12,6 +12,7 @@ from fivefold.configuration import (
     FivefoldMixtralConfig,
     FivefoldModernBertConfig,
     FivefoldRobertaConfig,
+    FivefoldT5Config,
     FivefoldViTConfig,
 )
 from fivefold.conversion.bert import BERT_KEYS
@@ -21,8 +22,9 @@ from fivefold.conversion.mixtral import MIXTRAL_KEYS
 from fivefold.conversion.modernbert import MODERNBERT_KEYS, modernbert_sample
 from fivefold.conversion.roberta import ROBERTA_KEYS
 from fivefold.conversion.samples import causal_text_sample, image_sample, text_sample
+from fivefold.conversion.t5 import T5_KEYS, t5_sample
 from fivefold.conversion.vit import VIT_KEYS
-from fivefold.modeling import bert, gpt2, mixtral, modernbert, roberta, vit
+from fivefold.modeling import bert, gpt2, mixtral, modernbert, roberta, t5, vit
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,12 @@ TINY_MIXTRAL = dict(
     vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     intermediate_size=40, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
     pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+# Unequal depths, few buckets and a short max distance, so that every bucket range is exercised.
+TINY_T5 = dict(
+    vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
 )  # fmt: skip
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -178,6 +186,19 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         keys=MIXTRAL_KEYS,
         tiny=TINY_MIXTRAL,
         sample_inputs=causal_text_sample,
+    ),
+    Architecture(
+        stock_model_type="t5",
+        stock_prefix="",  # public T5 files have no prefix
+        config_class=FivefoldT5Config,
+        models={
+            "AutoModel": t5.FivefoldT5Model,
+            "AutoModelForSeq2SeqLM": t5.FivefoldT5ForConditionalGeneration,
+            "AutoModelForTextEncoding": t5.FivefoldT5EncoderModel,
+        },
+        keys=T5_KEYS,
+        tiny=TINY_T5,
+        sample_inputs=t5_sample,
     ),
 )
 

@@ -42,6 +42,12 @@ from .roberta import (
     FivefoldRobertaModel,
     FivefoldRobertaPreTrainedModel,
 )
+from .t5 import (
+    FivefoldT5EncoderModel,
+    FivefoldT5ForConditionalGeneration,
+    FivefoldT5Model,
+    FivefoldT5PreTrainedModel,
+)
 from .vit import FivefoldViTForImageClassification, FivefoldViTModel, FivefoldViTPreTrainedModel
 
 __all__ = [
@@ -77,6 +83,10 @@ __all__ = [
     "FivefoldRobertaForTokenClassification",
     "FivefoldRobertaModel",
     "FivefoldRobertaPreTrainedModel",
+    "FivefoldT5EncoderModel",
+    "FivefoldT5ForConditionalGeneration",
+    "FivefoldT5Model",
+    "FivefoldT5PreTrainedModel",
     "FivefoldViTForImageClassification",
     "FivefoldViTModel",
     "FivefoldViTPreTrainedModel",

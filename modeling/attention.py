@@ -116,7 +116,18 @@ class Attention(nn.Module):
         query, key = self.positions(query, key, position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
+        return self.attend(query, key, value, attention_mask, **kwargs)
 
+    def attend(
+        self,
+        query: torch.Tensor,  # [B, H, T, D]
+        key: torch.Tensor,  # [B, K, S, D]
+        value: torch.Tensor,  # [B, K, S, D]
+        attention_mask: torch.Tensor | None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kernel the user selected, then the output projection: [B, T, C] and the weights (eager only)."""
+        b, _, t, _ = query.shape
         kernel: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
         if isinstance(attention_mask, PackedSequences):
             kernel = packed_attention
@@ -131,3 +142,33 @@ class Attention(nn.Module):
             **kwargs,
         )  # out: [B, T, H, D]
         return self.o_proj(out.reshape(b, t, -1)), weights
+
+
+class CrossAttention(Attention):
+    """Queries from this stack over another sequence (the encoder's output): no positions, no causality.
+
+    With an `EncoderDecoderCache` the keys and values are computed once per sequence: the first call stores them
+    in `cache.cross_attention_cache` and flags `cache.is_updated[layer_idx]`; later decoding steps reuse them.
+    """
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,  # [B, T, C]
+        encoder_hidden_states: torch.Tensor,  # [B, S, C]
+        attention_mask: torch.Tensor | None = None,  # over the encoder's positions
+        cache=None,  # a transformers EncoderDecoderCache, or None
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t, _ = hidden_states.shape
+        query = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            stored = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = stored.keys, stored.values  # [B, K, S, D]
+        else:
+            s = encoder_hidden_states.shape[1]
+            key = self.k_proj(encoder_hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, K, S, D]
+            value = self.v_proj(encoder_hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, K, S, D]
+            if cache is not None:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+        return self.attend(query, key, value, attention_mask, **kwargs)

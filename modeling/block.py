@@ -1,9 +1,10 @@
 """The one Transformer block every architecture stacks.
 
 A recipe fills four norm slots: pre-norm models use the `before` ones, post-norm models the `after` ones, and
-the unused slots are `nn.Identity()`, so `forward` never branches on the architecture.
+the unused slots are `nn.Identity()`, so `forward` never branches on the architecture. A decoder that reads an
+encoder (T5) also gets a cross-attention sub-layer with its own norm slots, run when encoder states are passed.
 
-Shapes: B batch, T time, C channels.
+Shapes: B batch, T time, S encoder time, C channels.
 """
 
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import Attention, AttentionSpec
+from .attention import Attention, AttentionSpec, CrossAttention
 from .feedforward import FeedForwardSpec, build_feedforward
 from .norms import build_norm
 
@@ -27,6 +28,7 @@ class BlockSpec:
     dropout: float = 0.0  # on each sub-layer's output, before the residual add
     mlp_out_dropout: float | None = None  # on the feed-forward output instead, when it differs (None: `dropout`)
     attn_input_norm: bool = True  # False: a pre-norm block whose input is already normalised (ModernBERT's first)
+    cross_attention: AttentionSpec | None = None  # attention over an encoder's output, after self-attention
 
 
 class Block(GradientCheckpointingLayer):
@@ -40,6 +42,10 @@ class Block(GradientCheckpointingLayer):
         self.norm_before_attn = norm_if(spec.prenorm and spec.attn_input_norm)
         self.attn = Attention(config, spec.attention, layer_idx)
         self.norm_after_attn = norm_if(not spec.prenorm)
+        crosses = spec.cross_attention is not None
+        self.norm_before_cross = norm_if(crosses and spec.prenorm)
+        self.cross_attn = CrossAttention(config, spec.cross_attention, layer_idx) if crosses else None
+        self.norm_after_cross = norm_if(crosses and not spec.prenorm)
         self.norm_before_mlp = norm_if(spec.prenorm)
         self.mlp = build_feedforward(spec.feedforward)
         self.norm_after_mlp = norm_if(not spec.prenorm)
@@ -51,11 +57,18 @@ class Block(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,  # [B, T, C], or [1, N, C] packed tokens (attention_mask a PackedSequences)
         attention_mask: object = None,
         position_embeddings: object = None,
+        encoder_hidden_states: torch.Tensor | None = None,  # [B, S, C], read by cross-attention
+        encoder_attention_mask: torch.Tensor | None = None,  # over the encoder's positions
+        encoder_decoder_cache=None,  # a transformers EncoderDecoderCache: cross-attention keys/values, once
         **kwargs,
     ) -> torch.Tensor:  # [B, T, C]
         # `.to`: under a device_map that splits a block (a mixture of experts spread over devices), a sub-layer may
         # answer on its own device; the residual stream stays where it is. A no-op on one device.
         attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
         hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out).to(hidden_states.device))
+        if encoder_hidden_states is not None:
+            normed = self.norm_before_cross(hidden_states)
+            cross_out, _ = self.cross_attn(normed, encoder_hidden_states, encoder_attention_mask, encoder_decoder_cache)
+            hidden_states = self.norm_after_cross(hidden_states + self.dropout(cross_out).to(hidden_states.device))
         mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
         return self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out).to(hidden_states.device))

@@ -17,7 +17,20 @@ class FeedForwardSpec:
     intermediate_size: int
     activation: str  # key in transformers' ACT2FN
     bias: bool = True
-    dropout: float = 0.0  # inside, on the activated inner width
+    dropout: float = 0.0  # on the inner activations, in training (T5)
+
+
+class OutputProjection(nn.Linear):
+    """The down projection. It runs in its own weight dtype, which may differ from the activations' when a model
+    keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and returns the activations' dtype, clamped
+    to its finite range."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        out = super().forward(x.to(self.weight.dtype))
+        limit = torch.finfo(x.dtype).max
+        return out.clamp(-limit, limit).to(x.dtype)
 
 
 def activation(name: str) -> nn.Module:
@@ -34,7 +47,7 @@ class DenseFeedForward(nn.Module):
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = nn.Dropout(spec.dropout)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+        self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         return self.down_proj(self.dropout(self.act(self.up_proj(x))))
@@ -49,7 +62,7 @@ class GatedFeedForward(nn.Module):
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = nn.Dropout(spec.dropout)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+        self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))

@@ -30,7 +30,7 @@ def test_head_matches_stock(converted, model_type, stock_name, attn):
     inputs = arch.sample_inputs(stock.config, stock_name, 0)
     assert "attention_mask" not in inputs or inputs["attention_mask"].min() == 0  # text: padded and ragged
     diffs = compare(stock, ours, inputs)
-    assert any(k.startswith("hidden_states[") for k in diffs)
+    assert any("hidden_states[" in k for k in diffs)
     assert max(diffs.values()) <= TOL, diffs
 
 

@@ -1,0 +1,125 @@
+"""T5: relative position buckets, unscaled attention, RMS norms before each sub-layer, ReLU (v1.0) or gated-GELU
+(v1.1, FLAN) feed-forwards, and a decoder that cross-attends the encoder in every layer.
+
+The recipe maps the stock `T5Config` fields onto shared parts; the classes below are one-line wirings, plus
+T5's own initialisation scales.
+"""
+
+import dataclasses
+
+from torch import nn
+from transformers import initialization as init
+
+from ..configuration.t5 import FivefoldT5Config
+from .attention import Attention, AttentionSpec
+from .block import BlockSpec
+from .encoder_decoder import (
+    EncoderDecoderForConditionalGeneration,
+    EncoderDecoderModel,
+    EncoderDecoderPreTrainedModel,
+    EncoderDecoderRecipe,
+    EncoderOnlyModel,
+    Stack,
+    StackSpec,
+)
+from .feedforward import DenseFeedForward, FeedForwardSpec, GatedFeedForward
+from .norms import RMSNorm
+from .relative_position import RelativeBiasSpec, RelativePositionBias
+
+
+def t5_stack(config, num_layers: int, causal: bool) -> StackSpec:
+    attention = AttentionSpec(
+        hidden_size=config.d_model,
+        num_heads=config.num_heads,
+        head_dim=config.d_kv,
+        bias=False,
+        out_bias=False,
+        dropout=config.dropout_rate,
+        is_causal=causal,
+        scaling=1.0,  # T5 folds 1/sqrt(d) into its initialisation
+    )
+    block = BlockSpec(
+        attention=attention,
+        feedforward=FeedForwardSpec(
+            kind="gated" if config.is_gated_act else "dense",
+            hidden_size=config.d_model,
+            intermediate_size=config.d_ff,
+            activation=config.dense_act_fn,
+            bias=False,
+            dropout=config.dropout_rate,
+        ),
+        norm="rmsnorm",
+        norm_eps=config.layer_norm_epsilon,
+        prenorm=True,
+        dropout=config.dropout_rate,
+        cross_attention=dataclasses.replace(attention, is_causal=False) if causal else None,
+    )
+    return StackSpec(
+        blocks=(block,) * num_layers,
+        relative_bias=RelativeBiasSpec(
+            num_heads=config.num_heads,
+            num_buckets=config.relative_attention_num_buckets,
+            max_distance=config.relative_attention_max_distance,
+            bidirectional=not causal,
+        ),
+        causal=causal,
+        final_norm="rmsnorm",
+        norm_eps=config.layer_norm_epsilon,
+        dropout=config.dropout_rate,
+    )
+
+
+def t5_recipe(config) -> EncoderDecoderRecipe:
+    return EncoderDecoderRecipe(
+        encoder=t5_stack(config, config.num_layers, causal=False),
+        decoder=t5_stack(config, config.num_decoder_layers, causal=True),
+        # v1.0 ties the head to the embeddings and rescales; v1.1 (tie_word_embeddings false) does not.
+        logits_scale=config.d_model**-0.5 if config.scale_decoder_outputs else 1.0,
+    )
+
+
+class FivefoldT5PreTrainedModel(EncoderDecoderPreTrainedModel):
+    config: FivefoldT5Config
+    recipe = staticmethod(t5_recipe)
+    # fp16 overflows in the last feed-forward projection of large T5s (stock keeps `wo` in fp32 likewise).
+    _keep_in_fp32_modules = ["mlp.down_proj"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """T5's scales (mesh-tensorflow): unit embeddings, projections by fan-in, scaled by `initializer_factor`."""
+        super()._init_weights(module)
+        c, factor = self.config, self.config.initializer_factor
+        if isinstance(module, RMSNorm):
+            init.constant_(module.weight, factor)
+        elif isinstance(module, Attention):
+            inner = c.num_heads * c.d_kv
+            init.normal_(module.q_proj.weight, std=factor * (c.d_model * c.d_kv) ** -0.5)
+            init.normal_(module.k_proj.weight, std=factor * c.d_model**-0.5)
+            init.normal_(module.v_proj.weight, std=factor * c.d_model**-0.5)
+            init.normal_(module.o_proj.weight, std=factor * inner**-0.5)
+        elif isinstance(module, (DenseFeedForward, GatedFeedForward)):
+            for inner in (getattr(module, "gate_proj", None), module.up_proj):
+                if inner is not None:
+                    init.normal_(inner.weight, std=factor * c.d_model**-0.5)
+            init.normal_(module.down_proj.weight, std=factor * c.d_ff**-0.5)
+        elif isinstance(module, RelativePositionBias):
+            init.normal_(module.relative_attention_bias.weight, std=factor * c.d_model**-0.5)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, std=factor)
+        elif isinstance(module, EncoderDecoderForConditionalGeneration) and not c.scale_decoder_outputs:
+            init.normal_(module.lm_head.weight, std=factor)
+
+
+class FivefoldT5Stack(FivefoldT5PreTrainedModel, Stack):
+    pass
+
+
+class FivefoldT5Model(FivefoldT5PreTrainedModel, EncoderDecoderModel):
+    stack_class = FivefoldT5Stack
+
+
+class FivefoldT5ForConditionalGeneration(FivefoldT5PreTrainedModel, EncoderDecoderForConditionalGeneration):
+    stack_class = FivefoldT5Stack
+
+
+class FivefoldT5EncoderModel(FivefoldT5PreTrainedModel, EncoderOnlyModel):
+    stack_class = FivefoldT5Stack

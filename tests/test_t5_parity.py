@@ -1,0 +1,255 @@
+"""T5 against stock transformers on the same tiny random weights, through the production converter: both flavours
+(v1.0 relu + tied head with output scaling; v1.1 gated-gelu + untied head), unequal depths, padded batches,
+losses, cached decoding, and generate() (greedy, beam, sampling) identical to stock."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import fivefold
+from fivefold.architectures import architecture_for_model_type
+from fivefold.conversion.samples import build_stock_checkpoint
+from fivefold.conversion.verify import compare, verify
+from fivefold.modeling.relative_position import RelativePositionBias, relative_position_bucket
+
+TOL = 1e-4
+ARCH = architecture_for_model_type("t5")
+V11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
+def untie_head(folder, seed: int = 5):
+    """What public v1.1 / FLAN files hold: an `lm_head` of its own and `tie_word_embeddings: false`."""
+    weights = load_file(folder / "model.safetensors")
+    gen = torch.Generator().manual_seed(seed)
+    weights["lm_head.weight"] = weights["shared.weight"] + torch.randn(weights["shared.weight"].shape, generator=gen)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("scale_decoder_outputs", None)
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """flavour -> (stock folder, converted folder) for T5ForConditionalGeneration; the decoder is deeper (3 vs 2)."""
+    out = {}
+    for flavour, overrides in {"v1.0": {}, "v1.1": V11}.items():
+        root = tmp_path_factory.mktemp(f"t5-{flavour}")
+        src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", root / "stock", **overrides)
+        if flavour == "v1.1":
+            untie_head(src)
+        out[flavour] = (src, fivefold.convert(src, root / "fivefold", progress=False))
+    return out
+
+
+def _models(src, dst, attn="sdpa"):
+    stock = transformers.T5ForConditionalGeneration.from_pretrained(src, attn_implementation=attn).eval()
+    ours = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst, attn_implementation=attn).eval()
+    return stock, ours
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("flavour", ["v1.0", "v1.1"])
+def test_seq2seq_lm_matches_stock(checkpoints, flavour, attn):
+    src, dst = checkpoints[flavour]
+    stock, ours = _models(src, dst, attn)
+    assert type(ours).__name__ == "FivefoldT5ForConditionalGeneration"
+    assert ours.config.num_decoder_layers == 3 != ours.config.num_layers
+    tied = ours.lm_head.weight.data_ptr() == ours.shared.weight.data_ptr()
+    assert tied == (flavour == "v1.0") and ours.config.scale_decoder_outputs == (flavour == "v1.0")
+    inputs = ARCH.sample_inputs(stock.config, "T5ForConditionalGeneration", 0)
+    assert inputs["attention_mask"].min() == 0 and (inputs["labels"] == -100).any()
+    diffs = compare(stock, ours, inputs)
+    assert {"loss", "logits", "encoder_last_hidden_state", "decoder_hidden_states[3]"} <= set(diffs)
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_decoder_padding_and_left_padded_encoder_match_stock(checkpoints):
+    stock, ours = _models(*checkpoints["v1.1"])
+    inputs = ARCH.sample_inputs(stock.config, "T5Model", 0)
+    inputs = {"input_ids": inputs["input_ids"].flip(1), "attention_mask": inputs["attention_mask"].flip(1)}
+    decoder = torch.randint(2, 99, (3, 6))
+    decoder_mask = (torch.arange(6)[None] < torch.tensor([[6], [4], [2]])).long()
+    with torch.no_grad():
+        a = stock(**inputs, decoder_input_ids=decoder, decoder_attention_mask=decoder_mask).logits
+        b = ours(**inputs, decoder_input_ids=decoder, decoder_attention_mask=decoder_mask).logits
+    assert (a - b)[decoder_mask.bool()].abs().max() <= TOL
+
+
+def test_cached_decoding_equals_one_full_forward(checkpoints):
+    _, ours = _models(*checkpoints["v1.0"])
+    inputs = ARCH.sample_inputs(ours.config, "T5Model", 0)
+    with torch.no_grad():
+        full = ours(**inputs)
+        encoder_outputs = (full.encoder_last_hidden_state,)
+        cache, steps = None, []
+        for t in range(inputs["decoder_input_ids"].shape[1]):
+            out = ours(
+                encoder_outputs=encoder_outputs,
+                attention_mask=inputs["attention_mask"],
+                decoder_input_ids=inputs["decoder_input_ids"][:, t : t + 1],
+                cache=cache,
+                use_cache=True,
+            )
+            cache = out.cache
+            steps.append(out.logits)
+    assert cache.is_updated[0] and cache.self_attention_cache.get_seq_length() == 7
+    assert (torch.cat(steps, dim=1) - full.logits).abs().max() <= 1e-5
+
+
+GENERATE = {
+    "greedy": dict(do_sample=False, num_beams=1),
+    "beam": dict(do_sample=False, num_beams=3, num_return_sequences=2),
+}
+
+
+@pytest.mark.parametrize("search", list(GENERATE))
+@pytest.mark.parametrize("flavour", ["v1.0", "v1.1"])
+def test_generate_matches_stock(tmp_path, flavour, search):
+    # Stock T5 in transformers 5.24 cannot generate when the decoder is deeper than the encoder (its caches are
+    # sized by the encoder's depth), so the stock comparison uses a deeper encoder; our deeper decoder is tested below.
+    overrides = {**(V11 if flavour == "v1.1" else {}), "num_layers": 3, "num_decoder_layers": 2}
+    src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", tmp_path / "stock", seed=3, **overrides)
+    if flavour == "v1.1":
+        untie_head(src)
+    stock, ours = _models(src, fivefold.convert(src, tmp_path / "ours", progress=False))
+    inputs = ARCH.sample_inputs(stock.config, "T5EncoderModel", 1)
+    settings = dict(max_new_tokens=10, min_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    a = stock.generate(**inputs, **settings, **GENERATE[search])
+    b = ours.generate(**inputs, **settings, **GENERATE[search])
+    assert torch.equal(a.sequences, b.sequences)
+    assert len(set(b.sequences[:, 1:].flatten().tolist())) > 3  # not one token repeated
+    for x, y in zip(a.scores, b.scores, strict=True):
+        torch.testing.assert_close(x, y, atol=TOL, rtol=0)  # -inf (blocked EOS) equal on both sides
+    uncached = ours.generate(**inputs, **settings, **GENERATE[search], use_cache=False)
+    assert torch.equal(b.sequences, uncached.sequences)
+
+
+def test_sampling_matches_stock_under_a_seed(checkpoints, tmp_path):
+    src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", tmp_path / "s", num_layers=3, num_decoder_layers=2)
+    stock, ours = _models(src, fivefold.convert(src, tmp_path / "o", progress=False))
+    inputs = ARCH.sample_inputs(stock.config, "T5EncoderModel", 2)
+    settings = dict(max_new_tokens=8, do_sample=True, top_k=20, temperature=0.9)
+    torch.manual_seed(7)
+    a = stock.generate(**inputs, **settings)
+    torch.manual_seed(7)
+    b = ours.generate(**inputs, **settings)
+    assert torch.equal(a, b)
+
+
+def test_deeper_decoder_generates_cached_as_uncached(checkpoints):
+    _, ours = _models(*checkpoints["v1.1"])
+    inputs = ARCH.sample_inputs(ours.config, "T5EncoderModel", 0)
+    for search in GENERATE.values():
+        cached = ours.generate(**inputs, max_new_tokens=8, min_new_tokens=8, **search)
+        uncached = ours.generate(**inputs, max_new_tokens=8, min_new_tokens=8, use_cache=False, **search)
+        assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_position_buckets_match_stock(bidirectional):
+    relative = torch.arange(-300, 300)[None, :]
+    for buckets, distance in [(32, 128), (8, 16), (6, 20)]:
+        expected = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+            relative, bidirectional=bidirectional, num_buckets=buckets, max_distance=distance
+        )
+        assert torch.equal(relative_position_bucket(relative, bidirectional, buckets, distance), expected)
+
+
+def test_bias_is_computed_once_per_stack_and_offset_by_the_cache(checkpoints):
+    _, ours = _models(*checkpoints["v1.0"])
+    biases = [m for m in ours.modules() if isinstance(m, RelativePositionBias)]
+    assert [module.spec.bidirectional for module in biases] == [True, False]  # encoder, decoder
+    calls = []
+    for module in biases:
+        module.register_forward_hook(lambda m, args, out: calls.append((m.spec.bidirectional, args)))
+    inputs = ARCH.sample_inputs(ours.config, "T5EncoderModel", 0)
+    with torch.no_grad():
+        ours.generate(**inputs, max_new_tokens=3, min_new_tokens=3)
+    # One call for the encoder, then one per decoding step, each for the new query after the cached ones.
+    assert calls[0] == (True, (12, 12, 0))
+    assert [args for bidirectional, args in calls[1:]] == [(1, 1, 0), (1, 2, 1), (1, 3, 2)]
+
+
+def test_verify_convert_and_export_round_trip_both_flavours(checkpoints, tmp_path):
+    for flavour, (src, dst) in checkpoints.items():
+        assert max(verify(src, dst).values()) <= TOL
+        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst)
+        model.save_pretrained(tmp_path / flavour)  # load -> save keeps our layout
+        back = fivefold.export(tmp_path / flavour, tmp_path / f"{flavour}-stock", progress=False)
+        original, exported = load_file(src / "model.safetensors"), load_file(back / "model.safetensors")
+        assert set(original) == set(exported) and all(torch.equal(original[k], exported[k]) for k in original)
+        stock = transformers.T5ForConditionalGeneration.from_pretrained(back)
+        assert stock.config.scale_decoder_outputs == (flavour == "v1.0")
+
+
+def test_stock_folder_loads_directly_and_old_files_convert(checkpoints, tmp_path):
+    """`from_pretrained(stock folder)` converts in memory; files that also store each stack's `embed_tokens` and
+    the unused cross-attention bias of old checkpoints convert too."""
+    src, _ = checkpoints["v1.0"]
+    weights = load_file(src / "model.safetensors")
+    for stack in ("encoder", "decoder"):
+        weights[f"{stack}.embed_tokens.weight"] = weights["shared.weight"].clone()
+    weights["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = torch.zeros(8, 4)
+    old = tmp_path / "old"
+    old.mkdir()
+    save_file(weights, old / "model.safetensors", metadata={"format": "pt"})
+    (old / "config.json").write_text((src / "config.json").read_text())
+    assert max(verify(src, fivefold.convert(old, tmp_path / "old-fivefold", progress=False)).values()) <= TOL
+    direct = fivefold.FivefoldT5ForConditionalGeneration.from_pretrained(old).eval()
+    inputs = ARCH.sample_inputs(direct.config, "T5ForConditionalGeneration", 0)
+    stock = transformers.T5ForConditionalGeneration.from_pretrained(src).eval()
+    with torch.no_grad():
+        assert (direct(**inputs).logits - stock(**inputs).logits).abs().max() <= TOL
+
+
+def test_wo_stays_fp32_under_fp16(checkpoints):
+    _, dst = checkpoints["v1.1"]
+    half = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst, dtype=torch.float16).eval()
+    assert half.encoder.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    assert half.encoder.layers[0].mlp.up_proj.weight.dtype == torch.float16
+    full = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst).eval()
+    inputs = ARCH.sample_inputs(full.config, "T5ForConditionalGeneration", 0)
+    with torch.no_grad():
+        a, b = full(**inputs).logits, half(**inputs).logits
+    assert b.dtype == torch.float16 and torch.isfinite(b).all()
+    assert (a - b.float()).abs().max() <= 0.05 * a.abs().max()
+
+
+def test_seq2seq_loss_uses_unshifted_labels_and_shifts_decoder_inputs(checkpoints):
+    stock, ours = _models(*checkpoints["v1.0"])
+    labels = torch.tensor([[5, 6, 7, -100], [8, 9, -100, -100]])
+    assert torch.equal(ours.prepare_decoder_input_ids_from_labels(labels), stock._shift_right(labels))
+    inputs = ARCH.sample_inputs(ours.config, "T5EncoderModel", 0)
+    with torch.no_grad():
+        out = ours(input_ids=inputs["input_ids"][:2], attention_mask=inputs["attention_mask"][:2], labels=labels)
+        manual = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 99), labels.reshape(-1), ignore_index=-100)
+    assert torch.allclose(out.loss, manual)
+
+
+def test_text_encoding_and_bare_model_through_auto_classes(checkpoints, tmp_path):
+    src = build_stock_checkpoint("t5", "T5EncoderModel", tmp_path / "enc", **V11)
+    dst = fivefold.convert(src, tmp_path / "enc-fivefold", progress=False)
+    encoder = transformers.AutoModelForTextEncoding.from_pretrained(dst)
+    assert type(encoder).__name__ == "FivefoldT5EncoderModel" and not hasattr(encoder, "decoder")
+    assert max(verify(src, dst).values()) <= TOL
+    # the seq2seq checkpoint also loads as the bare model and as the encoder alone
+    _, dst = checkpoints["v1.0"]
+    bare = transformers.AutoModel.from_pretrained(dst)
+    alone = transformers.AutoModelForTextEncoding.from_pretrained(dst)
+    inputs = ARCH.sample_inputs(bare.config, "T5EncoderModel", 0)
+    with torch.no_grad():
+        a = bare(**inputs, decoder_input_ids=torch.zeros(3, 1, dtype=torch.long)).encoder_last_hidden_state
+        b = alone(**inputs).last_hidden_state
+    assert torch.equal(a, b)
+
+
+def test_bad_inputs_raise_clear_errors(checkpoints):
+    _, ours = _models(*checkpoints["v1.0"])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        ours(input_ids=torch.tensor([[5, 120]]), decoder_input_ids=torch.tensor([[0]]))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        ours(input_ids=torch.tensor([[5, 6]]), attention_mask=torch.ones(1, 3), decoder_input_ids=torch.tensor([[0]]))
