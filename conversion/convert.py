@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .checkpoint import (
@@ -18,6 +19,7 @@ from .checkpoint import (
     copy_side_files,
     parse_size,
     read_json,
+    warn_if_not_finite,
     write_safetensors,
 )
 from .errors import ConversionError
@@ -76,29 +78,43 @@ def architecture_of(config: dict, folder: Path, want_stock: bool):
 
 def model_class_of(arch, config: dict, folder: Path) -> type[PreTrainedModel]:
     names = config.get("architectures") or [arch.base_model.__name__]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConversionError(f"{folder / 'config.json'}: architectures must be a list of class names, got {names!r}")
     try:
         return arch.class_named(names[0])
     except KeyError as e:
         raise ConversionError(f"{folder / 'config.json'}: architectures: {e.args[0]}") from None
 
 
+def config_from_dict(arch, fields: dict, folder: Path) -> PretrainedConfig:
+    """The config class's own validation, reported as a ConversionError naming config.json and the field."""
+    try:
+        return arch.config_class.from_dict(fields)
+    except Exception as e:
+        # huggingface_hub's strict-dataclass errors wrap the message that names the field: show that one.
+        cause = e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ is not None else e
+        raise ConversionError(
+            f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {cause}"
+        ) from None
+
+
 def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
     fields = {k: v for k, v in stock.items() if k not in _NOT_CONFIG}
-    try:
-        config = arch.config_class.from_dict({**fields, "architectures": [target.__name__]})
-    except Exception as e:
-        raise ConversionError(f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {e}") from None
-    return config
+    return config_from_dict(arch, {**fields, "architectures": [target.__name__]}, folder)
+
+
+def _meta_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
+    with torch.device("meta"):
+        model = target(config)
+    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
+    return model.state_dict(), tied
 
 
 def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
     """Our model's tensors and shapes, built on the meta device (no memory), and its tied tensors
     ({copy: source}) that loading re-creates from their source."""
-    with torch.device("meta"):
-        model = target(config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
-    return shapes, tied
+    state, tied = _meta_tensors(target, config)
+    return {k: tuple(v.shape) for k, v in state.items()}, tied
 
 
 def our_prefix(arch, target) -> str:
@@ -133,15 +149,27 @@ def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
 
 
 def check_tensors(
-    arch, target, config, shapes: dict[str, tuple], origin: dict[str, str] | None, strict: bool
+    arch,
+    target,
+    config,
+    shapes: dict[str, tuple],
+    origin: dict[str, str] | None,
+    strict: bool,
+    dtypes: dict[str, torch.dtype] | None = None,
 ) -> dict[str, str]:
     """Checks tensors named as ours against the target model: every one is a tensor of the architecture with
-    the right shape, and (strict) none of the target's is missing. `origin` maps each to its name in the stock
-    checkpoint being read (None: the checkpoint read is ours). Returns the target's tied tensors ({copy: source})."""
+    the right shape (and, given `dtypes`, a floating-point tensor exactly where the model has one), and (strict)
+    none of the target's is missing. `origin` maps each to its name in the stock checkpoint being read (None: the
+    checkpoint read is ours). Returns the target's tied tensors ({copy: source})."""
     stock_names = origin is not None
     origin = origin if stock_names else {k: k for k in shapes}
-    expected, tied = expected_tensors(target, config)
+    state, tied = _meta_tensors(target, config)
+    expected = {k: tuple(v.shape) for k, v in state.items()}
     known = known_tensors(arch, target, config)
+    for key, dtype in (dtypes or {}).items():
+        if key in state and dtype.is_floating_point != state[key].is_floating_point():
+            kind = "a floating-point" if state[key].is_floating_point() else f"a {state[key].dtype}"
+            raise ConversionError(f"tensor {origin[key]!r} has dtype {dtype}; {target.__name__} needs {kind} tensor")
     for key, shape in shapes.items():
         wanted = {expected[key]} if key in expected else known.get(key)
         if not wanted:
@@ -161,12 +189,15 @@ def check_tensors(
     return tied
 
 
-def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> tuple[dict, dict]:
-    """Checks what the plan produces against the target model. Returns the produced shapes and the target's
-    tied tensors ({copy: source})."""
+def check_plan(
+    arch, target, config, plan: Plan, source_shapes: dict, strict: bool, reader: CheckpointReader | None = None
+) -> tuple[dict, dict]:
+    """Checks what the plan produces against the target model (dtypes too, given the reader). Returns the
+    produced shapes and the target's tied tensors ({copy: source})."""
     produced = plan.target_shapes(source_shapes)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
-    return produced, check_tensors(arch, target, config, produced, origin, strict)
+    dtypes = {t: reader.dtype(source) for t, source in origin.items()} if reader is not None else None
+    return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes)
 
 
 def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
@@ -196,6 +227,9 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
         for key in keys:
             if key not in out:
                 out.update({k: v for k, v in plan.run(step_of[key], reader.get).items() if k in keys})
+        for key, tensor in out.items():
+            source = step_of[key].sources[0]
+            warn_if_not_finite(source, tensor, str(reader.file_of(source)))
         if dtype is not None:
             out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
         return out
@@ -269,7 +303,7 @@ def convert(
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
-    _, tied = check_plan(arch, target, config, plan, shapes, strict=True)
+    _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     _check_aliases(plan, reader)
     _drop_tied_copies(plan, reader, config, tied)
     produced = plan.target_shapes(shapes)
@@ -305,10 +339,11 @@ def export(
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)
     target = model_class_of(arch, ours, folder)
-    config = arch.config_class.from_dict(ours)
+    config = config_from_dict(arch, ours, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    check_tensors(arch, target, config, shapes, None, strict=True)
+    dtypes = {k: reader.dtype(k) for k in reader.keys()}
+    check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
     stock_prefix = "" if target is arch.base_model else arch.stock_prefix
     plan = arch.keys.plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
@@ -360,11 +395,14 @@ def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
-    check_plan(arch, cls, config, plan, shapes, strict=False)
+    check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
     _check_aliases(plan, reader)
     state = {}
     for step in plan.steps:
         state.update(plan.run(step, reader.get))
+    for step in plan.steps:
+        for key in step.targets:
+            warn_if_not_finite(step.sources[0], state[key], str(reader.file_of(step.sources[0])))
     if user_config is not None:
         yield user_config, state
         return
