@@ -17,14 +17,37 @@ def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) 
     return per_item_sum / num_items_in_batch
 
 
+def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int, ...]) -> None:
+    """Called before the forward pass: `labels` must have one of the shapes the head's loss reads."""
+    if labels is not None and tuple(labels.shape) not in shapes:
+        want = " or ".join(str(list(s)) for s in shapes)
+        raise ValueError(f"{name} has shape {list(labels.shape)}; these inputs need {want}")
+
+
+def check_class_ids(labels: torch.Tensor, classes: int, ignore_index: int) -> None:
+    """Out-of-range targets would fail inside the loss kernel (a device-side assert on GPU)."""
+    if labels.dtype.is_floating_point or labels.numel() == 0:
+        return
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= classes))
+    if bool(bad.any()):
+        examples = labels[bad][:5].tolist()
+        raise ValueError(f"labels must be class ids in [0, {classes}) or {ignore_index} (ignored); got e.g. {examples}")
+
+
 def cross_entropy(
     logits: torch.Tensor,  # [N, classes] (any leading shape, flattened here)
     labels: torch.Tensor,  # [N]
     num_items_in_batch=None,
     ignore_index: int = -100,
 ) -> torch.Tensor:
-    logits = logits.reshape(-1, logits.shape[-1]).float()
+    classes = logits.shape[-1]
+    if labels.numel() * classes != logits.numel():
+        raise ValueError(
+            f"labels of shape {list(labels.shape)} do not match predictions of shape {list(logits.shape[:-1])}"
+        )
+    logits = logits.reshape(-1, classes).float()
     labels = labels.reshape(-1).to(logits.device)
+    check_class_ids(labels, classes, ignore_index)
     if num_items_in_batch is None:
         return F.cross_entropy(logits, labels, ignore_index=ignore_index)
     total = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
@@ -42,6 +65,8 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, con
         else:
             config.problem_type = "multi_label_classification"
     labels = labels.to(logits.device)
+    if config.problem_type in ("regression", "multi_label_classification") and labels.numel() != logits.numel():
+        raise ValueError(f"{config.problem_type} needs labels of shape {list(logits.shape)}, got {list(labels.shape)}")
     if config.problem_type == "single_label_classification":
         return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
     if config.problem_type == "regression":
