@@ -7,7 +7,7 @@ import transformers
 
 from fivefold.architectures import ARCHITECTURES
 from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
-from fivefold.conversion import ConversionError, convert, export
+from fivefold.conversion import CheckpointWarning, ConversionError, convert, export
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
 
@@ -24,6 +24,7 @@ def _register() -> None:
 _register()
 
 __all__ = [
+    "CheckpointWarning",
     "ConversionError",
     "FivefoldBertConfig",
     "FivefoldRobertaConfig",
