@@ -273,6 +273,8 @@ def test_nan_and_inf_weights_warn_with_the_tensor_name(arch_src, tmp_path):
     with pytest.warns(CheckpointWarning) as record:
         fivefold.convert(src, tmp_path / "dst", progress=False)
     assert [str(w.message) for w in record if expected in str(w.message)]
+    code, stderr = _cli_in_process("convert", src, tmp_path / "dst-cli")
+    assert code == 0 and f"fivefold convert: warning: {expected}" in stderr
     with pytest.warns(CheckpointWarning, match=f"'{key}'.* 1 NaN and 1 infinite"):  # the stock folder, loaded directly
         arch.base_model.from_pretrained(src)
 
