@@ -7,7 +7,8 @@ import transformers
 
 from fivefold.architectures import ARCHITECTURES
 from fivefold.configuration import FivefoldBertConfig, FivefoldRobertaConfig
-from fivefold.conversion import CheckpointWarning, ConversionError, convert, export
+from fivefold.conversion import ConversionError, convert, export
+from fivefold.conversion.errors import CheckpointWarning
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
 
