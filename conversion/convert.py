@@ -129,6 +129,21 @@ def stock_name_of(arch, target, our_key: str) -> str:
         return our_key
 
 
+def stock_names_of(arch, target, our_keys: list[str]) -> list[str]:
+    """The stock names of our tensors, in order, without repeats: fused stock tensors (GPT-2's c_attn holding
+    q, k and v) are found only from their whole group, so the keys are planned together first."""
+    try:
+        plan = arch.keys.plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        named = {
+            source: step.targets[min(i, len(step.targets) - 1)]
+            for step in plan.steps
+            for i, source in enumerate(step.sources)
+        }
+    except (ConversionError, IndexError, ValueError):
+        named = {}
+    return list(dict.fromkeys(named.get(k) or stock_name_of(arch, target, k) for k in our_keys))
+
+
 def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
     """Every tensor the architecture's other models have, named as in a `target` checkpoint, with its shapes.
     Tensors a checkpoint holds for another head (bert-base-uncased's pooler and NSP head in a masked-LM
@@ -156,11 +171,13 @@ def check_tensors(
     origin: dict[str, str] | None,
     strict: bool,
     dtypes: dict[str, torch.dtype] | None = None,
+    source_shapes: dict[str, tuple] | None = None,
 ) -> dict[str, str]:
     """Checks tensors named as ours against the target model: every one is a tensor of the architecture with
     the right shape (and, given `dtypes`, a floating-point tensor exactly where the model has one), and (strict)
     none of the target's is missing. `origin` maps each to its name in the stock checkpoint being read (None: the
-    checkpoint read is ours). Returns the target's tied tensors ({copy: source})."""
+    checkpoint read is ours; `source_shapes` by those names, when a transform changes shapes). Returns the
+    target's tied tensors ({copy: source})."""
     stock_names = origin is not None
     origin = origin if stock_names else {k: k for k in shapes}
     state, tied = _meta_tensors(target, config)
@@ -178,14 +195,17 @@ def check_tensors(
             )
         if tuple(shape) not in wanted:
             need = " or ".join(str(list(w)) for w in sorted(wanted))
+            have = tuple((source_shapes or {}).get(origin[key], shape))
+            becomes = f" (which it becomes as {list(shape)})" if have != tuple(shape) else ""
             raise ConversionError(
-                f"tensor {origin[key]!r} has shape {list(shape)}; {target.__name__} needs {need} for {key!r} "
-                f"(config: {config.model_type})"
+                f"tensor {origin[key]!r} has shape {list(have)}; {target.__name__} needs {need} for {key!r}"
+                f"{becomes} (config: {config.model_type})"
             )
     missing = sorted(set(expected) - set(shapes) - set(tied))
     if strict and missing:
-        names = ", ".join(stock_name_of(arch, target, k) if stock_names else k for k in missing[:8])
-        raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint for {target.__name__}: {names}")
+        names = stock_names_of(arch, target, missing) if stock_names else missing
+        listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ConversionError(f"{len(names)} tensor(s) missing from the checkpoint for {target.__name__}: {listed}")
     return tied
 
 
@@ -197,7 +217,7 @@ def check_plan(
     produced = plan.target_shapes(source_shapes)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
     dtypes = {t: reader.dtype(source) for t, source in origin.items()} if reader is not None else None
-    return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes)
+    return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes, source_shapes)
 
 
 def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:

@@ -42,6 +42,7 @@ def check_not_empty(shape: tuple[int, ...], name: str) -> None:
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    check_not_empty(tuple(input_ids.shape), "input_ids")
     if input_ids.numel() and bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
         bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)]
         raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
@@ -87,9 +88,7 @@ class TokenEmbeddings(nn.Module):
     ) -> torch.Tensor:  # [B, T, C]
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            check_not_empty(tuple(input_ids.shape), "input_ids")
-        else:
+        if inputs_embeds is not None:
             check_not_empty(tuple(inputs_embeds.shape[:-1]), "inputs_embeds")
         if input_ids is not None:
             # The live table size, not the configured one: resize_token_embeddings may have grown it.
