@@ -21,24 +21,18 @@ from transformers.utils.generic import can_return_tuple
 from .embeddings import check_not_empty
 from .encoder import EncoderModel, EncoderPreTrainedModel
 from .heads import CLASSIFIERS_NEEDING_POOLER, MaskedLMHead, build_sequence_classifier
-from .losses import check_labels, cross_entropy, sequence_classification_loss, span_loss
+from .losses import (
+    batch_labels_shapes,
+    check_labels,
+    cross_entropy,
+    sequence_classification_loss,
+    span_loss,
+    tokens_shape,
+)
 
 # Checkpoints often carry every head (bert-base-uncased holds pooler and NSP weights); heads that do not use
 # them ignore them quietly on load.
 UNUSED_HEAD_KEYS = [r"^model\.pooler\.", r"^nsp_head\.", r"^lm_head\."]
-
-
-def tokens_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> tuple[int, ...]:
-    """[B, T] (or [B, N, T]) of the inputs, to check labels against before any compute."""
-    if input_ids is not None:
-        return tuple(input_ids.shape)
-    return tuple(inputs_embeds.shape[:-1]) if inputs_embeds is not None else ()
-
-
-def batch_labels_shapes(input_ids, inputs_embeds, *widths: int) -> tuple[tuple[int, ...], ...]:
-    """[B], or [B, w] for each width w: what per-sequence labels may look like."""
-    batch = tokens_shape(input_ids, inputs_embeds)[:1]
-    return (batch, *((*batch, w) for w in widths))
 
 
 class EncoderTaskModel(EncoderPreTrainedModel):

@@ -17,6 +17,21 @@ def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) 
     return per_item_sum / num_items_in_batch
 
 
+def tokens_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> tuple[int, ...]:
+    """[B, T] (or [B, N, T]) of the inputs, to check labels against before any compute."""
+    if input_ids is not None:
+        return tuple(input_ids.shape)
+    return tuple(inputs_embeds.shape[:-1]) if inputs_embeds is not None else ()
+
+
+def batch_labels_shapes(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, *widths: int
+) -> tuple[tuple[int, ...], ...]:
+    """[B], or [B, w] for each width w: what per-sequence labels may look like."""
+    batch = tokens_shape(input_ids, inputs_embeds)[:1]
+    return (batch, *((*batch, w) for w in widths))
+
+
 def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int, ...]) -> None:
     """Called before the forward pass: `labels` must have one of the shapes the head's loss reads."""
     if labels is not None and tuple(labels.shape) not in shapes:
