@@ -418,6 +418,39 @@ def test_config_json_that_is_a_folder(bert_src, tmp_path):
     _assert_fails(bert_src, tmp_path / "dst", "config.json", "cannot read")
 
 
+WIDTH_AND_HEADS = (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"))
+
+
+def test_heads_not_dividing_the_width_every_architecture(arch_src, tmp_path):
+    arch, src = arch_src
+    pair = next(((w, h) for w, h in WIDTH_AND_HEADS if w in arch.tiny and h in arch.tiny), None)
+    if pair is None:
+        pytest.skip("heads and width are independent here (T5's d_kv) or named otherwise")
+    width, heads = pair
+    bad = next(n for n in range(arch.tiny[heads] + 1, arch.tiny[width]) if arch.tiny[width] % n)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, heads: bad}))
+    _assert_fails(src, tmp_path / "dst", "config.json", "is not a valid", f"({bad})")
+
+
+# Architecture-specific config rules: (stock model_type, fields changed, what the error must name). A row whose
+# architecture has not landed is skipped.
+CONFIG_RULES = [
+    ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 5}, ["num_experts_per_tok", "num_local_experts"]),
+]
+
+
+@pytest.mark.parametrize(("model_type", "change", "needles"), CONFIG_RULES, ids=[r[0] for r in CONFIG_RULES])
+def test_architecture_config_rules(stock_checkpoint, tmp_path, model_type, change, needles):
+    arch = next((a for a in ARCHITECTURES if a.stock_model_type == model_type), None)
+    if arch is None:
+        pytest.skip(f"{model_type} has not landed")
+    src = _copy(stock_checkpoint(model_type, stock_class_name(arch.base_model)), tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    _assert_fails(src, tmp_path / "dst", "config.json", *needles)
+
+
 def test_export_names_a_bad_config(converted, tmp_path):
     _, dst = converted("bert", "BertForMaskedLM")
     broken = _copy(dst, tmp_path / "broken")

@@ -91,6 +91,22 @@ def test_empty_input(cls, empty):
     _refused_before_any_block(model, "at least one sequence of at least one token", input_ids=ids)
 
 
+# Image models: a picture of another size (without interpolate_pos_encoding) or another channel count.
+IMAGE_CLASSES = [p for p in MODEL_CLASSES if "pixel_values" in _inputs(p.values[0])]
+
+
+@pytest.mark.parametrize("cls", IMAGE_CLASSES)
+@pytest.mark.parametrize(("dim", "match"), [(-1, "(?i)size"), (-3, "(?i)channel")], ids=["image-size", "channels"])
+def test_wrong_image(cls, dim, match):
+    model, inputs = _model(cls), _inputs(cls)
+    pixels = inputs["pixel_values"]
+    shape = list(pixels.shape)
+    shape[dim] += 1 if dim == -3 else 8
+    if dim == -1:
+        shape[-2] += 8
+    _refused_before_any_block(model, match, **{**inputs, "pixel_values": torch.zeros(shape, dtype=pixels.dtype)})
+
+
 def _label_arguments(cls) -> list[str]:
     names = inspect.signature(cls.forward).parameters
     return [n for n in ("labels", "next_sentence_label", "start_positions", "end_positions") if n in names]

@@ -17,10 +17,22 @@ def _test_sources() -> dict[str, str]:
     found = {}
     for name in FILES:
         text = (ROOT / "tests" / name).read_text()
-        for node in ast.parse(text).body:
+        lines = text.splitlines()
+        body = ast.parse(text).body
+        # Module-level tables a test reads (its parametrize rows) count as the test's text.
+        tables = {
+            target.id: "\n".join(lines[node.lineno - 1 : node.end_lineno])
+            for node in body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                found[f"{name}::{node.name}"] = "\n".join(text.splitlines()[first - 1 : node.end_lineno])
+                source = "\n".join(lines[first - 1 : node.end_lineno])
+                used = [table for table_name, table in tables.items() if re.search(rf"\b{table_name}\b", source)]
+                found[f"{name}::{node.name}"] = "\n".join([source, *used])
     return found
 
 
