@@ -152,6 +152,20 @@ class CheckpointReader:
             raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
 
 
+def checked_getter(reader: CheckpointReader) -> Callable[[str], torch.Tensor]:
+    """reader.get that warns, once per tensor, about NaN or infinite values in what it hands out."""
+    seen: set[str] = set()
+
+    def get(key: str) -> torch.Tensor:
+        tensor = reader.get(key)
+        if key not in seen:
+            seen.add(key)
+            warn_if_not_finite(key, tensor, str(reader.file_of(key)))
+        return tensor
+
+    return get
+
+
 def warn_if_not_finite(name: str, tensor: torch.Tensor, where: str) -> None:
     """NaN or infinite weights load fine but poison every output: say which tensor, once, and go on."""
     if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
@@ -162,7 +176,7 @@ def warn_if_not_finite(name: str, tensor: torch.Tensor, where: str) -> None:
         f"tensor {name!r} in {where} holds {nan} NaN and {inf} infinite value(s) of {tensor.numel()}; "
         "outputs computed from it will not be finite",
         CheckpointWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
 
 
@@ -292,7 +306,15 @@ def recover_destination(dst: Path) -> None:
                 os.replace(entry, dst)
                 warnings.warn(f"restored {dst} from an interrupted replacement", CheckpointWarning, stacklevel=3)
             else:
-                shutil.rmtree(entry, ignore_errors=True)
+                _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    """Removes what an old DST was: a folder, a file or a symlink (never what a symlink points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -316,7 +338,7 @@ def _put_in_place(tmp: Path, dst: Path) -> None:
         os.replace(tmp, dst)
     elif _exchange(tmp, dst):
         # dst was complete (old) before this instant and complete (new) after it; tmp now holds the old one.
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
     else:
         # Two renames: killed between them, dst is absent for a moment but the old one waits aside under our
         # pid, and the next run to dst (recover_destination) puts it back.
@@ -327,7 +349,7 @@ def _put_in_place(tmp: Path, dst: Path) -> None:
         except BaseException:
             os.replace(aside, dst)
             raise
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove(aside)
 
 
 @contextmanager

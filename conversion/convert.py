@@ -16,10 +16,10 @@ from .checkpoint import (
     CheckpointReader,
     atomic_folder,
     check_destination,
+    checked_getter,
     copy_side_files,
     parse_size,
     read_json,
-    warn_if_not_finite,
     write_safetensors,
 )
 from .errors import ConversionError
@@ -241,15 +241,13 @@ def _drop_tied_copies(plan: Plan, reader, config, tied: dict[str, str]) -> None:
 
 def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | None):
     step_of = {t: step for step in plan.steps for t in step.targets}
+    get = checked_getter(reader)
 
     def materialize(keys: list[str]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for key in keys:
             if key not in out:
-                out.update({k: v for k, v in plan.run(step_of[key], reader.get).items() if k in keys})
-        for key, tensor in out.items():
-            source = step_of[key].sources[0]
-            warn_if_not_finite(source, tensor, str(reader.file_of(source)))
+                out.update({k: v for k, v in plan.run(step_of[key], get).items() if k in keys})
         if dtype is not None:
             out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
         return out
@@ -417,12 +415,9 @@ def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
     check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
     _check_aliases(plan, reader)
-    state = {}
+    state, get = {}, checked_getter(reader)
     for step in plan.steps:
-        state.update(plan.run(step, reader.get))
-    for step in plan.steps:
-        for key in step.targets:
-            warn_if_not_finite(step.sources[0], state[key], str(reader.file_of(step.sources[0])))
+        state.update(plan.run(step, get))
     if user_config is not None:
         yield user_config, state
         return

@@ -219,3 +219,17 @@ def test_leftovers_of_a_running_conversion_are_left_alone(stock_checkpoint, tmp_
     foreign.mkdir()
     fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), dst, progress=False)
     assert running.is_dir() and foreign.is_dir()
+
+
+def test_force_over_a_symlink_replaces_the_link_not_its_target(stock_checkpoint, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("not to be deleted")
+    dst = tmp_path / "dst"
+    dst.symlink_to(target)
+    with pytest.raises(ConversionError, match="already exists"):
+        fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), dst, progress=False)
+    fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), dst, force=True, progress=False)
+    assert not dst.is_symlink() and (dst / "model.safetensors").is_file()
+    assert (target / "keep.txt").read_text() == "not to be deleted"
+    assert _leftovers(dst) == []
