@@ -103,18 +103,19 @@ def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path)
     return config_from_dict(arch, {**fields, "architectures": [target.__name__]}, folder)
 
 
-def _meta_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
-    with torch.device("meta"):
-        model = target(config)
-    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
-    return model.state_dict(), tied
-
-
 def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
     """Our model's tensors and shapes, built on the meta device (no memory), and its tied tensors
     ({copy: source}) that loading re-creates from their source."""
-    state, tied = _meta_tensors(target, config)
-    return {k: tuple(v.shape) for k, v in state.items()}, tied
+    with torch.device("meta"):
+        model = target(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = dict(model.all_tied_weights_keys) if config.tie_word_embeddings else {}
+    return shapes, tied
+
+
+def expected_dtypes(target: type[PreTrainedModel], config: PretrainedConfig) -> dict[str, torch.dtype]:
+    with torch.device("meta"):
+        return {k: v.dtype for k, v in target(config).state_dict().items()}
 
 
 def our_prefix(arch, target) -> str:
@@ -180,12 +181,12 @@ def check_tensors(
     target's tied tensors ({copy: source})."""
     stock_names = origin is not None
     origin = origin if stock_names else {k: k for k in shapes}
-    state, tied = _meta_tensors(target, config)
-    expected = {k: tuple(v.shape) for k, v in state.items()}
+    expected, tied = expected_tensors(target, config)
     known = known_tensors(arch, target, config)
+    needed = expected_dtypes(target, config) if dtypes else {}
     for key, dtype in (dtypes or {}).items():
-        if key in state and dtype.is_floating_point != state[key].is_floating_point():
-            kind = "a floating-point" if state[key].is_floating_point() else f"a {state[key].dtype}"
+        if key in needed and dtype.is_floating_point != needed[key].is_floating_point:
+            kind = "a floating-point" if needed[key].is_floating_point else f"a {needed[key]}"
             raise ConversionError(f"tensor {origin[key]!r} has dtype {dtype}; {target.__name__} needs {kind} tensor")
     for key, shape in shapes.items():
         wanted = {expected[key]} if key in expected else known.get(key)
