@@ -32,10 +32,17 @@ def batch_labels_shapes(
     return (batch, *((*batch, w) for w in widths))
 
 
-def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int, ...]) -> None:
-    """Called before the forward pass: `labels` must have one of the shapes the head's loss reads."""
-    if labels is not None and tuple(labels.shape) not in shapes:
-        want = " or ".join(str(list(s)) for s in shapes)
+def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | None, ...]) -> None:
+    """Called before the forward pass: `labels` must have one of the shapes the head's loss reads (None: any
+    size, e.g. the target length of a sequence-to-sequence model)."""
+    if labels is None:
+        return
+    fits = any(
+        labels.dim() == len(s) and all(w is None or w == n for w, n in zip(s, labels.shape, strict=True))
+        for s in shapes
+    )
+    if not fits:
+        want = " or ".join("[" + ", ".join("*" if w is None else str(w) for w in s) + "]" for s in shapes)
         raise ValueError(f"{name} has shape {list(labels.shape)}; these inputs need {want}")
 
 

@@ -117,8 +117,12 @@ def test_labels_with_the_wrong_shape(cls):
     model, inputs = _model(cls), _inputs(cls)
     _needs(inputs, "input_ids")
     shape = tuple(inputs["input_ids"].shape)
-    # Wrong for every head: a batch of another size, and one token more than the inputs have.
-    for wrong in ((shape[0] + 1,), (*shape[:-1], shape[-1] + 1)):
+    # Wrong for every head: a batch of another size; and, where labels follow the inputs token by token (not
+    # sequence-to-sequence targets, which have their own length), one token more than the inputs have.
+    wrong_shapes = [(shape[0] + 1,), (shape[0] + 1, *shape[1:])]
+    if not model.config.is_encoder_decoder:
+        wrong_shapes.append((*shape[:-1], shape[-1] + 1))
+    for wrong in wrong_shapes:
         for name in _label_arguments(cls):
             labels = torch.zeros(wrong, dtype=torch.long)
             err = _refused_before_any_block(model, f"{name} has shape", **inputs, **{name: labels})
@@ -160,8 +164,13 @@ def test_ids_and_embeds_together():
 # --- all padding: legal, so answered like stock, never with NaN ---------------------------------------------
 
 
-def _first_output(out) -> torch.Tensor:
-    return out[0]
+def _at_real_tokens(out, real: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs to compare: the hidden states at real input tokens (an encoder-decoder's encoder side), and
+    an encoder-decoder's decoder output, whose every position is real."""
+    first = next(iter(out.values()))  # a ModelOutput, or a dict of its tensors
+    if out.get("encoder_last_hidden_state") is not None:
+        return [out["encoder_last_hidden_state"][real], first]
+    return [first[real]]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
@@ -180,11 +189,14 @@ def test_all_padding_rows_give_finite_stock_like_outputs(arch, stock_checkpoint)
     padded["input_ids"][-1] = pad
     real = padded["attention_mask"].bool()
     with torch.no_grad():
-        got, want = _first_output(ours(**padded)), _first_output(stock(**padded))
-        without = _first_output(ours(**{k: v[:-1] for k, v in padded.items()}))
+        got, want = ours(**padded), stock(**padded)
+        without = ours(**{k: v[:-1] for k, v in padded.items()})
         everything_padded = {**padded, "attention_mask": torch.zeros_like(padded["attention_mask"])}
         all_pad = ours(**everything_padded)
-    assert torch.isfinite(got).all()
-    assert (got[real] - want[real]).abs().max() <= 1e-4
-    assert (got[:-1][real[:-1]] - without[real[:-1]]).abs().max() <= 1e-5
+    assert all(torch.isfinite(t).all() for t in got.values() if torch.is_tensor(t))
+    for a, b in zip(_at_real_tokens(got, real), _at_real_tokens(want, real), strict=True):
+        assert (a - b).abs().max() <= 1e-4
+    kept = {k: v[:-1] for k, v in got.items() if torch.is_tensor(v)}
+    for a, b in zip(_at_real_tokens(kept, real[:-1]), _at_real_tokens(without, real[:-1]), strict=True):
+        assert (a - b).abs().max() <= 1e-5
     assert all(torch.isfinite(t).all() for t in all_pad.values() if torch.is_tensor(t))
