@@ -125,7 +125,7 @@ def test_labels_with_the_wrong_shape(cls):
     for wrong in wrong_shapes:
         for name in _label_arguments(cls):
             labels = torch.zeros(wrong, dtype=torch.long)
-            err = _refused_before_any_block(model, f"{name} has shape", **inputs, **{name: labels})
+            err = _refused_before_any_block(model, f"{name} has shape", **{**inputs, name: labels})
             assert str(list(wrong)) in str(err)
 
 
@@ -144,7 +144,7 @@ def test_label_values_outside_the_classes(cls, per_token):
     labels = torch.full(shape, -100 if per_token else 0, dtype=torch.long)
     labels.view(-1)[0] = classes
     with pytest.raises(ValueError, match=rf"labels must be class ids in \[0, {classes}\)"), torch.no_grad():
-        model(**inputs, labels=labels)
+        model(**{**inputs, "labels": labels})
 
 
 def test_token_type_out_of_range():
