@@ -1,7 +1,7 @@
 """Conversion between the public checkpoint layouts and fivefold's."""
 
 from .convert import convert, export, open_stock_checkpoint
-from .errors import ConversionError
+from .errors import CheckpointWarning, ConversionError
 from .remote_code import write_remote_code
 
-__all__ = ["ConversionError", "convert", "export", "open_stock_checkpoint", "write_remote_code"]
+__all__ = ["CheckpointWarning", "ConversionError", "convert", "export", "open_stock_checkpoint", "write_remote_code"]

@@ -2,13 +2,17 @@
 
 Reading: safetensors first; `.bin` only through `torch.load(weights_only=True)`; shard indexes may only name
 files inside the checkpoint folder. Writing: everything goes to a temporary folder beside the destination,
-which is renamed into place only when complete.
+which is renamed into place only when complete (see `atomic_folder` for what an interrupted run leaves).
 """
 
+import ctypes
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .errors import ConversionError
+from .errors import CheckpointWarning, ConversionError
 
 SAFE_SINGLE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN_SINGLE, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -36,11 +40,28 @@ def read_json(path: Path) -> dict:
             data = json.load(f)
     except FileNotFoundError:
         raise ConversionError(f"{path} not found") from None
+    except OSError as e:
+        raise ConversionError(f"cannot read {path}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConversionError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConversionError(f"{path} must hold a JSON object")
     return data
+
+
+def allowed_roots(folder: Path) -> list[Path]:
+    """Where the files of a checkpoint folder may really live: the folder itself and, for a Hub cache snapshot
+    (`.../snapshots/<revision>`, whose files are symlinks into the repo's `blobs/`), that blob store."""
+    root = folder.resolve()
+    roots = [root]
+    if folder.parent.name == "snapshots":
+        roots.append((folder.parent.parent / "blobs").resolve())
+    return roots
+
+
+def inside(path: Path, roots: list[Path]) -> bool:
+    resolved = path.resolve()
+    return any(resolved == root or root in resolved.parents for root in roots)
 
 
 def shard_path(folder: Path, name: object, index_file: str) -> Path:
@@ -50,9 +71,7 @@ def shard_path(folder: Path, name: object, index_file: str) -> Path:
     if Path(name).is_absolute():
         raise ConversionError(f"{index_file} names {name!r}, an absolute path outside the checkpoint folder {folder}")
     path = folder / name
-    root = folder.resolve()
-    resolved = path.resolve()
-    if resolved != root and root not in resolved.parents:
+    if not inside(path, allowed_roots(folder)):
         raise ConversionError(f"{index_file} names {name!r}, which lies outside the checkpoint folder {folder}")
     if not path.is_file():
         raise ConversionError(f"{index_file} names {name!r}, which does not exist in {folder}")
@@ -131,6 +150,34 @@ class CheckpointReader:
             return self._handles[file].get_tensor(key)
         except (SafetensorError, OSError, ValueError) as e:
             raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
+
+
+def checked_getter(reader: CheckpointReader) -> Callable[[str], torch.Tensor]:
+    """reader.get that warns, once per tensor, about NaN or infinite values in what it hands out."""
+    seen: set[str] = set()
+
+    def get(key: str) -> torch.Tensor:
+        tensor = reader.get(key)
+        if key not in seen:
+            seen.add(key)
+            warn_if_not_finite(key, tensor, str(reader.file_of(key)))
+        return tensor
+
+    return get
+
+
+def warn_if_not_finite(name: str, tensor: torch.Tensor, where: str) -> None:
+    """NaN or infinite weights load fine but poison every output: say which tensor, once, and go on."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return
+    nan = int(torch.isnan(tensor).sum())
+    inf = int(torch.isinf(tensor).sum())
+    warnings.warn(
+        f"tensor {name!r} in {where} holds {nan} NaN and {inf} infinite value(s) of {tensor.numel()}; "
+        "outputs computed from it will not be finite",
+        CheckpointWarning,
+        stacklevel=3,
+    )
 
 
 def _load_weights_only(file: Path):
@@ -215,30 +262,120 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
 
 def check_destination(dst: str | os.PathLike, force: bool) -> Path:
     dst = Path(dst)
-    if dst.exists() and not force:
+    recover_destination(dst)
+    if (dst.exists() or dst.is_symlink()) and not force:
         raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
     return dst
 
 
+# Work folders beside DST carry the writing process's id, so that a later run can tell a dead run's leftovers
+# (removed) from a running conversion's (left alone).
+def _tmp_prefix(dst: Path) -> str:
+    return f".{dst.name}.tmp-"
+
+
+def _aside_prefix(dst: Path) -> str:
+    return f".{dst.name}.old-"
+
+
+def _owner_alive(name: str, prefix: str) -> bool:
+    pid = name[len(prefix) :].split("-")[0]
+    if not pid.isdigit():
+        return True  # not named by us: never touched
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def recover_destination(dst: Path) -> None:
+    """Cleans up after a conversion to `dst` that was killed: its temporary folder is removed, and an old `dst`
+    moved aside by an interrupted replacement (only where the atomic exchange is unavailable) is put back."""
+    if not dst.parent.is_dir():
+        return
+    for entry in sorted(dst.parent.iterdir()):
+        for prefix in (_aside_prefix(dst), _tmp_prefix(dst)):
+            if not entry.name.startswith(prefix) or _owner_alive(entry.name, prefix):
+                continue
+            if prefix == _aside_prefix(dst) and not (dst.exists() or dst.is_symlink()):
+                os.replace(entry, dst)
+                warnings.warn(f"restored {dst} from an interrupted replacement", CheckpointWarning, stacklevel=3)
+            else:
+                _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    """Removes what an old DST was: a folder, a file or a symlink (never what a symlink points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _put_in_place(tmp: Path, dst: Path) -> None:
+    if not (dst.exists() or dst.is_symlink()):
+        os.replace(tmp, dst)
+    elif _exchange(tmp, dst):
+        # dst was complete (old) before this instant and complete (new) after it; tmp now holds the old one.
+        _remove(tmp)
+    else:
+        # Two renames: killed between them, dst is absent for a moment but the old one waits aside under our
+        # pid, and the next run to dst (recover_destination) puts it back.
+        aside = dst.with_name(f"{_aside_prefix(dst)}{os.getpid()}")
+        os.replace(dst, aside)
+        try:
+            os.replace(tmp, dst)
+        except BaseException:
+            os.replace(aside, dst)
+            raise
+        _remove(aside)
+
+
 @contextmanager
 def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
-    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes."""
+    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes.
+
+    At every instant `dst` is either absent (if it was), the old folder, or the complete new one: the swap over
+    an old `dst` is one atomic exchange on Linux. A run killed outright (SIGKILL, power loss) cannot clean up
+    after itself; the next conversion to the same `dst` removes what it left behind.
+    """
     dst = check_destination(dst, force)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(dst)}{os.getpid()}-", dir=dst.parent))
     try:
         # mkdtemp makes the folder private (0700); the result should have the usual permissions.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
-        yield tmp
-        if dst.exists():
-            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst)
+        try:
+            yield tmp
+            _put_in_place(tmp, dst)
+        except OSError as e:  # disk full, quota, permissions: the user's to fix, not a crash
+            kept = "the old one is unchanged" if dst.exists() else "nothing was written there"
+            reason = e.strerror or str(e)
+            where = f" ({e.filename})" if e.filename else ""
+            raise ConversionError(f"cannot write {dst}: {reason}{where}; {kept}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -251,11 +388,40 @@ SIDE_FILE_PATTERNS = (
 )  # fmt: skip
 
 
+# Code never travels: the only code in a fivefold checkpoint is fivefold's own (see remote_code.py).
+_NOT_SIDE_FILES = (".py", ".pyc", ".so", ".pyd", ".dll", ".dylib", ".sh", ".exe")
+
+
 def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PATTERNS) -> list[str]:
+    """Copies tokenizer and processor files, never code. A JSON side file's `auto_map` (which would make
+    `trust_remote_code=True` run code from elsewhere) is dropped with a warning; a file that is a symlink leading
+    out of the checkpoint folder is refused."""
     copied = []
+    roots = allowed_roots(src)
     for pattern in patterns:
         for path in sorted(src.glob(pattern)):
-            if path.is_file() and not (dst / path.name).exists():
-                shutil.copy2(path, dst / path.name)
-                copied.append(path.name)
+            if not path.is_file() or path.suffix.lower() in _NOT_SIDE_FILES or (dst / path.name).exists():
+                continue
+            if not inside(path, roots):
+                raise ConversionError(f"{path.name} in {src} is a link to {path.resolve()}, outside the folder")
+            shutil.copy2(path, dst / path.name, follow_symlinks=True)
+            _drop_auto_map(dst / path.name)
+            copied.append(path.name)
     return copied
+
+
+def _drop_auto_map(path: Path) -> None:
+    if path.suffix != ".json":
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return  # not ours to judge: the tokenizer will say
+    if isinstance(data, dict) and "auto_map" in data:
+        warnings.warn(
+            f"dropped auto_map {data.pop('auto_map')!r} from {path.name}: fivefold checkpoints ship only "
+            "fivefold's own code",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

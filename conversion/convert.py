@@ -9,12 +9,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .checkpoint import (
     CheckpointReader,
     atomic_folder,
     check_destination,
+    checked_getter,
     copy_side_files,
     parse_size,
     read_json,
@@ -76,19 +78,29 @@ def architecture_of(config: dict, folder: Path, want_stock: bool):
 
 def model_class_of(arch, config: dict, folder: Path) -> type[PreTrainedModel]:
     names = config.get("architectures") or [arch.base_model.__name__]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConversionError(f"{folder / 'config.json'}: architectures must be a list of class names, got {names!r}")
     try:
         return arch.class_named(names[0])
     except KeyError as e:
         raise ConversionError(f"{folder / 'config.json'}: architectures: {e.args[0]}") from None
 
 
+def config_from_dict(arch, fields: dict, folder: Path) -> PretrainedConfig:
+    """The config class's own validation, reported as a ConversionError naming config.json and the field."""
+    try:
+        return arch.config_class.from_dict(fields)
+    except Exception as e:
+        # huggingface_hub's strict-dataclass errors wrap the message that names the field: show that one.
+        cause = e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ is not None else e
+        raise ConversionError(
+            f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {cause}"
+        ) from None
+
+
 def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
     fields = {k: v for k, v in stock.items() if k not in _NOT_CONFIG}
-    try:
-        config = arch.config_class.from_dict({**fields, "architectures": [target.__name__]})
-    except Exception as e:
-        raise ConversionError(f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {e}") from None
-    return config
+    return config_from_dict(arch, {**fields, "architectures": [target.__name__]}, folder)
 
 
 def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) -> tuple[dict, dict[str, str]]:
@@ -101,6 +113,11 @@ def expected_tensors(target: type[PreTrainedModel], config: PretrainedConfig) ->
     return shapes, tied
 
 
+def expected_dtypes(target: type[PreTrainedModel], config: PretrainedConfig) -> dict[str, torch.dtype]:
+    with torch.device("meta"):
+        return {k: v.dtype for k, v in target(config).state_dict().items()}
+
+
 def our_prefix(arch, target) -> str:
     return "" if target is arch.base_model else target.base_model_prefix
 
@@ -111,6 +128,21 @@ def stock_name_of(arch, target, our_key: str) -> str:
         return plan.steps[0].targets[plan.steps[0].sources.index(our_key)]
     except (ConversionError, IndexError, ValueError):
         return our_key
+
+
+def stock_names_of(arch, target, our_keys: list[str]) -> list[str]:
+    """The stock names of our tensors, in order, without repeats: fused stock tensors (GPT-2's c_attn holding
+    q, k and v) are found only from their whole group, so the keys are planned together first."""
+    try:
+        plan = arch.keys.plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        named = {
+            source: step.targets[min(i, len(step.targets) - 1)]
+            for step in plan.steps
+            for i, source in enumerate(step.sources)
+        }
+    except (ConversionError, IndexError, ValueError):
+        named = {}
+    return list(dict.fromkeys(named.get(k) or stock_name_of(arch, target, k) for k in our_keys))
 
 
 def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
@@ -133,15 +165,29 @@ def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
 
 
 def check_tensors(
-    arch, target, config, shapes: dict[str, tuple], origin: dict[str, str] | None, strict: bool
+    arch,
+    target,
+    config,
+    shapes: dict[str, tuple],
+    origin: dict[str, str] | None,
+    strict: bool,
+    dtypes: dict[str, torch.dtype] | None = None,
+    source_shapes: dict[str, tuple] | None = None,
 ) -> dict[str, str]:
     """Checks tensors named as ours against the target model: every one is a tensor of the architecture with
-    the right shape, and (strict) none of the target's is missing. `origin` maps each to its name in the stock
-    checkpoint being read (None: the checkpoint read is ours). Returns the target's tied tensors ({copy: source})."""
+    the right shape (and, given `dtypes`, a floating-point tensor exactly where the model has one), and (strict)
+    none of the target's is missing. `origin` maps each to its name in the stock checkpoint being read (None: the
+    checkpoint read is ours; `source_shapes` by those names, when a transform changes shapes). Returns the
+    target's tied tensors ({copy: source})."""
     stock_names = origin is not None
     origin = origin if stock_names else {k: k for k in shapes}
     expected, tied = expected_tensors(target, config)
     known = known_tensors(arch, target, config)
+    needed = expected_dtypes(target, config) if dtypes else {}
+    for key, dtype in (dtypes or {}).items():
+        if key in needed and dtype.is_floating_point != needed[key].is_floating_point:
+            kind = "a floating-point" if needed[key].is_floating_point else f"a {needed[key]}"
+            raise ConversionError(f"tensor {origin[key]!r} has dtype {dtype}; {target.__name__} needs {kind} tensor")
     for key, shape in shapes.items():
         wanted = {expected[key]} if key in expected else known.get(key)
         if not wanted:
@@ -150,23 +196,29 @@ def check_tensors(
             )
         if tuple(shape) not in wanted:
             need = " or ".join(str(list(w)) for w in sorted(wanted))
+            have = tuple((source_shapes or {}).get(origin[key], shape))
+            becomes = f" (which it becomes as {list(shape)})" if have != tuple(shape) else ""
             raise ConversionError(
-                f"tensor {origin[key]!r} has shape {list(shape)}; {target.__name__} needs {need} for {key!r} "
-                f"(config: {config.model_type})"
+                f"tensor {origin[key]!r} has shape {list(have)}; {target.__name__} needs {need} for {key!r}"
+                f"{becomes} (config: {config.model_type})"
             )
     missing = sorted(set(expected) - set(shapes) - set(tied))
     if strict and missing:
-        names = ", ".join(stock_name_of(arch, target, k) if stock_names else k for k in missing[:8])
-        raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint for {target.__name__}: {names}")
+        names = stock_names_of(arch, target, missing) if stock_names else missing
+        listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ConversionError(f"{len(names)} tensor(s) missing from the checkpoint for {target.__name__}: {listed}")
     return tied
 
 
-def check_plan(arch, target, config, plan: Plan, source_shapes: dict, strict: bool) -> tuple[dict, dict]:
-    """Checks what the plan produces against the target model. Returns the produced shapes and the target's
-    tied tensors ({copy: source})."""
+def check_plan(
+    arch, target, config, plan: Plan, source_shapes: dict, strict: bool, reader: CheckpointReader | None = None
+) -> tuple[dict, dict]:
+    """Checks what the plan produces against the target model (dtypes too, given the reader). Returns the
+    produced shapes and the target's tied tensors ({copy: source})."""
     produced = plan.target_shapes(source_shapes)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
-    return produced, check_tensors(arch, target, config, produced, origin, strict)
+    dtypes = {t: reader.dtype(source) for t, source in origin.items()} if reader is not None else None
+    return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes, source_shapes)
 
 
 def _check_aliases(plan: Plan, reader: CheckpointReader) -> None:
@@ -190,12 +242,13 @@ def _drop_tied_copies(plan: Plan, reader, config, tied: dict[str, str]) -> None:
 
 def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | None):
     step_of = {t: step for step in plan.steps for t in step.targets}
+    get = checked_getter(reader)
 
     def materialize(keys: list[str]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for key in keys:
             if key not in out:
-                out.update({k: v for k, v in plan.run(step_of[key], reader.get).items() if k in keys})
+                out.update({k: v for k, v in plan.run(step_of[key], get).items() if k in keys})
         if dtype is not None:
             out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
         return out
@@ -269,7 +322,7 @@ def convert(
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
-    _, tied = check_plan(arch, target, config, plan, shapes, strict=True)
+    _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     _check_aliases(plan, reader)
     _drop_tied_copies(plan, reader, config, tied)
     produced = plan.target_shapes(shapes)
@@ -305,10 +358,11 @@ def export(
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)
     target = model_class_of(arch, ours, folder)
-    config = arch.config_class.from_dict(ours)
+    config = config_from_dict(arch, ours, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    check_tensors(arch, target, config, shapes, None, strict=True)
+    dtypes = {k: reader.dtype(k) for k in reader.keys()}
+    check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
     stock_prefix = "" if target is arch.base_model else arch.stock_prefix
     plan = arch.keys.plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
@@ -360,11 +414,11 @@ def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
-    check_plan(arch, cls, config, plan, shapes, strict=False)
+    check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
     _check_aliases(plan, reader)
-    state = {}
+    state, get = {}, checked_getter(reader)
     for step in plan.steps:
-        state.update(plan.run(step, reader.get))
+        state.update(plan.run(step, get))
     if user_config is not None:
         yield user_config, state
         return

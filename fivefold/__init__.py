@@ -16,6 +16,7 @@ from fivefold.configuration import (
     FivefoldViTConfig,
 )
 from fivefold.conversion import ConversionError, convert, export
+from fivefold.conversion.errors import CheckpointWarning
 from fivefold.modeling import *  # noqa: F403
 from fivefold.modeling import __all__ as _modeling_names
 from fivefold.span_corruption import DataCollatorForSpanCorruption
@@ -33,6 +34,7 @@ def _register() -> None:
 _register()
 
 __all__ = [
+    "CheckpointWarning",
     "ConversionError",
     "DataCollatorForSpanCorruption",
     "FivefoldBertConfig",

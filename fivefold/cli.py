@@ -3,8 +3,9 @@
 import argparse
 import logging
 import sys
+import warnings
 
-from fivefold.conversion.errors import ConversionError
+from fivefold.conversion.errors import CheckpointWarning, ConversionError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,8 +34,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_line(command: str):
+    """Checkpoint warnings as one line naming the command, like the errors; other warnings as usual."""
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CheckpointWarning):
+            print(f"fivefold {command}: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line(args.command)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     # Keep transformers' load reports and loading bars off the terminal: the tables here say what matters.
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging

@@ -37,7 +37,13 @@ def padding_aware_position_ids(input_ids: torch.Tensor, padding_idx: int) -> tor
     return (torch.cumsum(is_token, dim=1) * is_token).long() + padding_idx
 
 
+def check_not_empty(shape: tuple[int, ...], name: str) -> None:
+    if 0 in shape:
+        raise ValueError(f"{name} has shape {list(shape)}: at least one sequence of at least one token is needed")
+
+
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    check_not_empty(tuple(input_ids.shape), "input_ids")
     if input_ids.numel() and bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
         bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)]
         raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
@@ -89,6 +95,8 @@ class TokenEmbeddings(nn.Module):
     ) -> torch.Tensor:  # [B, T, C]
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is not None:
+            check_not_empty(tuple(inputs_embeds.shape[:-1]), "inputs_embeds")
         if input_ids is not None:
             # The live table size, not the configured one: resize_token_embeddings may have grown it.
             check_token_ids(input_ids, self.word_embeddings.num_embeddings)

@@ -18,9 +18,17 @@ from transformers.modeling_outputs import (
 from transformers.models.bert.modeling_bert import BertForPreTrainingOutput as ForPreTrainingOutput
 from transformers.utils.generic import can_return_tuple
 
+from .embeddings import check_not_empty
 from .encoder import EncoderModel, EncoderPreTrainedModel
 from .heads import CLASSIFIERS_NEEDING_POOLER, MaskedLMHead, build_sequence_classifier
-from .losses import cross_entropy, sequence_classification_loss, span_loss
+from .losses import (
+    batch_labels_shapes,
+    check_labels,
+    cross_entropy,
+    sequence_classification_loss,
+    span_loss,
+    tokens_shape,
+)
 
 # Checkpoints often carry every head (bert-base-uncased holds pooler and NSP weights); heads that do not use
 # them ignore them quietly on load.
@@ -84,6 +92,7 @@ class EncoderForMaskedLM(MaskedLMMixin, EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B, T], -100 = not predicted
         **kwargs,
     ) -> MaskedLMOutput:
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
@@ -114,6 +123,8 @@ class EncoderForPreTraining(MaskedLMMixin, EncoderTaskModel):
         next_sentence_label: torch.Tensor | None = None,  # [B]
         **kwargs,
     ) -> ForPreTrainingOutput:
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
+        check_labels("next_sentence_label", next_sentence_label, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
@@ -150,6 +161,7 @@ class EncoderForNextSentencePrediction(EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B], 0 = B follows A
         **kwargs,
     ) -> NextSentencePredictorOutput:
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.nsp_head(out.pooler_output)  # [B, 2]
@@ -183,6 +195,7 @@ class EncoderForSequenceClassification(EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B] (class ids), [B] or [B, L] floats (regression, multi-label)
         **kwargs,
     ) -> SequenceClassifierOutput:
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.classifier(out)  # [B, L]
@@ -213,6 +226,8 @@ class EncoderForMultipleChoice(EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B], index of the right choice
         **kwargs,
     ) -> MultipleChoiceModelOutput:
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1))
+        check_not_empty(tokens_shape(input_ids, inputs_embeds), "inputs_embeds" if input_ids is None else "input_ids")
         num_items = kwargs.pop("num_items_in_batch", None)
         choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
@@ -255,6 +270,7 @@ class EncoderForTokenClassification(EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B, T], -100 = ignored
         **kwargs,
     ) -> TokenClassifierOutput:
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, L]
@@ -285,6 +301,8 @@ class EncoderForQuestionAnswering(EncoderTaskModel):
         end_positions: torch.Tensor | None = None,  # [B]
         **kwargs,
     ) -> QuestionAnsweringModelOutput:
+        check_labels("start_positions", start_positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
+        check_labels("end_positions", end_positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         kwargs.pop("num_items_in_batch", None)
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)  # 2 x [B, T, 1]

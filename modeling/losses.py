@@ -17,14 +17,59 @@ def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) 
     return per_item_sum / num_items_in_batch
 
 
+def tokens_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> tuple[int, ...]:
+    """[B, T] (or [B, N, T]) of the inputs, to check labels against before any compute."""
+    if input_ids is not None:
+        return tuple(input_ids.shape)
+    return tuple(inputs_embeds.shape[:-1]) if inputs_embeds is not None else ()
+
+
+def batch_labels_shapes(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, *widths: int
+) -> tuple[tuple[int, ...], ...]:
+    """[B], or [B, w] for each width w: what per-sequence labels may look like."""
+    batch = tokens_shape(input_ids, inputs_embeds)[:1]
+    return (batch, *((*batch, w) for w in widths))
+
+
+def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | None, ...]) -> None:
+    """Called before the forward pass: `labels` must have one of the shapes the head's loss reads (None: any
+    size, e.g. the target length of a sequence-to-sequence model)."""
+    if labels is None:
+        return
+    fits = any(
+        labels.dim() == len(s) and all(w is None or w == n for w, n in zip(s, labels.shape, strict=True))
+        for s in shapes
+    )
+    if not fits:
+        want = " or ".join("[" + ", ".join("*" if w is None else str(w) for w in s) + "]" for s in shapes)
+        raise ValueError(f"{name} has shape {list(labels.shape)}; these inputs need {want}")
+
+
+def check_class_ids(labels: torch.Tensor, classes: int, ignore_index: int) -> None:
+    """Out-of-range targets would fail inside the loss kernel (a device-side assert on GPU)."""
+    if labels.dtype.is_floating_point or labels.numel() == 0:
+        return
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= classes))
+    if bool(bad.any()):
+        examples = labels[bad][:5].tolist()
+        raise ValueError(f"labels must be class ids in [0, {classes}) or {ignore_index} (ignored); got e.g. {examples}")
+
+
 def cross_entropy(
     logits: torch.Tensor,  # [N, classes] (any leading shape, flattened here)
     labels: torch.Tensor,  # [N]
     num_items_in_batch=None,
     ignore_index: int = -100,
 ) -> torch.Tensor:
-    logits = logits.reshape(-1, logits.shape[-1]).float()
+    classes = logits.shape[-1]
+    if labels.numel() * classes != logits.numel():
+        raise ValueError(
+            f"labels of shape {list(labels.shape)} do not match predictions of shape {list(logits.shape[:-1])}"
+        )
+    logits = logits.reshape(-1, classes).float()
     labels = labels.reshape(-1).to(logits.device)
+    check_class_ids(labels, classes, ignore_index)
     if num_items_in_batch is None:
         return F.cross_entropy(logits, labels, ignore_index=ignore_index)
     total = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
@@ -42,6 +87,8 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, con
         else:
             config.problem_type = "multi_label_classification"
     labels = labels.to(logits.device)
+    if config.problem_type in ("regression", "multi_label_classification") and labels.numel() != logits.numel():
+        raise ValueError(f"{config.problem_type} needs labels of shape {list(logits.shape)}, got {list(labels.shape)}")
     if config.problem_type == "single_label_classification":
         return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
     if config.problem_type == "regression":

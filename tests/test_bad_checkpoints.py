@@ -1,16 +1,22 @@
-"""Bad checkpoints and bad requests: one clear error naming the key or file, a non-zero exit, DST untouched."""
+"""Bad checkpoints and bad requests: one clear error naming the key or file, a non-zero exit, DST untouched.
+Rows common to every architecture run over fivefold.architectures.ARCHITECTURES."""
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import fivefold
-from fivefold import ConversionError
+from fivefold import ConversionError, cli
+from fivefold.architectures import ARCHITECTURES, stock_class_name
+from fivefold.conversion.errors import CheckpointWarning
 
 
 def _copy(src, dst):
@@ -28,6 +34,14 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "fivefold", *map(str, args)], capture_output=True, text=True)
 
 
+def _cli_in_process(*args) -> tuple[int, str]:
+    """The `fivefold` command without a new interpreter (seconds saved per case); one test runs the real one."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main([str(a) for a in args])
+    return code, stderr.getvalue()
+
+
 @pytest.fixture
 def bert_src(stock_checkpoint, tmp_path):
     return _copy(stock_checkpoint("bert", "BertForMaskedLM"), tmp_path / "src")
@@ -40,10 +54,10 @@ def _assert_fails(src, dst, *needles):
         assert needle in str(err.value)
     assert not dst.exists()
     assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.tmp")]  # no temp folder left
-    result = _cli("convert", src, dst)
-    assert result.returncode == 2
-    assert all(needle in result.stderr for needle in needles), result.stderr
-    assert "Traceback" not in result.stderr
+    code, stderr = _cli_in_process("convert", src, dst)
+    assert code == 2
+    assert all(needle in stderr for needle in needles), stderr
+    assert "Traceback" not in stderr
     assert not dst.exists()
 
 
@@ -155,6 +169,14 @@ def test_pickle_that_runs_code_is_refused(bert_src, tmp_path, zip_format):
     assert not marker.exists()
 
 
+def test_cli_reports_errors_without_a_traceback(bert_src, tmp_path):
+    (bert_src / "config.json").write_text("{not json")
+    result = _cli("convert", bert_src, tmp_path / "dst")
+    assert result.returncode == 2
+    assert "config.json is not valid JSON" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "dst").exists()
+
+
 def test_existing_destination_needs_force(stock_checkpoint, tmp_path):
     src = stock_checkpoint("bert", "BertForMaskedLM")
     dst = tmp_path / "dst"
@@ -163,8 +185,8 @@ def test_existing_destination_needs_force(stock_checkpoint, tmp_path):
     with pytest.raises(ConversionError, match="already exists"):
         fivefold.convert(src, dst, progress=False)
     assert (dst / "keep.txt").read_text() == "old"
-    assert _cli("convert", src, dst).returncode == 2
-    assert _cli("convert", src, dst, "--force").returncode == 0
+    assert _cli_in_process("convert", src, dst)[0] == 2
+    assert _cli_in_process("convert", src, dst, "--force")[0] == 0
     assert not (dst / "keep.txt").exists() and (dst / "model.safetensors").is_file()
 
 
@@ -196,3 +218,266 @@ def test_verify_cli_prints_diffs(converted):
     result = _cli("verify", src, dst)
     assert result.returncode == 0, result.stderr
     assert "logits" in result.stdout and "max abs diff" in result.stdout
+
+
+# --- rows every architecture shares: the stock base model's checkpoint, one weight matrix spoiled ------------
+
+
+@pytest.fixture(params=ARCHITECTURES, ids=lambda a: a.stock_model_type)
+def arch_src(request, stock_checkpoint, tmp_path):
+    arch = request.param
+    return arch, _copy(stock_checkpoint(arch.stock_model_type, stock_class_name(arch.base_model)), tmp_path / "src")
+
+
+def _a_weight_matrix(folder) -> str:
+    tensors = load_file(folder / "model.safetensors")
+    return next(k for k in sorted(tensors) if tensors[k].dim() == 2 and tensors[k].is_floating_point())
+
+
+def test_int_tensor_where_floats_belong(arch_src, tmp_path):
+    _, src = arch_src
+    key = _a_weight_matrix(src)
+    _rewrite_tensors(src, lambda t: t.__setitem__(key, t[key].long()))
+    _assert_fails(src, tmp_path / "dst", key, "torch.int64", "floating-point")
+
+
+def test_wrong_shape_every_architecture(arch_src, tmp_path):
+    _, src = arch_src
+    key = _a_weight_matrix(src)
+    shape = list(load_file(src / "model.safetensors")[key].shape)
+    wrong = [shape[0] + 1, shape[1]]
+    _rewrite_tensors(src, lambda t: t.__setitem__(key, torch.zeros(wrong)))
+    _assert_fails(src, tmp_path / "dst", f"tensor '{key}' has shape {wrong}", "needs")
+
+
+def test_missing_tensor_every_architecture(arch_src, tmp_path):
+    _, src = arch_src
+    key = _a_weight_matrix(src)
+    _rewrite_tensors(src, lambda t: t.pop(key))
+    _assert_fails(src, tmp_path / "dst", "missing", key)
+
+
+def test_nan_and_inf_weights_warn_with_the_tensor_name(arch_src, tmp_path):
+    arch, src = arch_src
+    key = _a_weight_matrix(src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)  # a clean checkpoint converts without a warning
+        fivefold.convert(src, tmp_path / "clean", progress=False)
+
+    def spoil(t):
+        t[key][0, 0] = float("nan")
+        t[key][0, 1] = float("inf")
+
+    _rewrite_tensors(src, spoil)
+    expected = f"tensor '{key}' in {src / 'model.safetensors'} holds 1 NaN and 1 infinite value"
+    with pytest.warns(CheckpointWarning) as record:
+        fivefold.convert(src, tmp_path / "dst", progress=False)
+    assert [str(w.message) for w in record if expected in str(w.message)]
+    code, stderr = _cli_in_process("convert", src, tmp_path / "dst-cli")
+    assert code == 0 and f"fivefold convert: warning: {expected}" in stderr
+    with pytest.warns(CheckpointWarning, match=f"'{key}'.* 1 NaN and 1 infinite"):  # the stock folder, loaded directly
+        arch.base_model.from_pretrained(src)
+
+
+# --- the reader: files, shards, formats --------------------------------------------------------------------
+
+
+def test_duplicate_key_across_shards(bert_src, tmp_path):
+    tensors = load_file(bert_src / "model.safetensors")
+    keys = sorted(tensors)
+    dup = keys[0]
+    first = {k: tensors[k] for k in keys[: len(keys) // 2]}
+    second = {k: tensors[k] for k in [*keys[len(keys) // 2 :], dup]}
+    (bert_src / "model.safetensors").unlink()
+    save_file(first, bert_src / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    save_file(second, bert_src / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    weight_map = {
+        **dict.fromkeys(first, "model-00001-of-00002.safetensors"),
+        **dict.fromkeys(second, "model-00002-of-00002.safetensors"),
+    }
+    (bert_src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    _assert_fails(bert_src, tmp_path / "dst", dup, "appears in both", "model-00001-of-00002.safetensors")
+
+
+def _with_header(data: bytes, change) -> bytes:
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    change(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
+
+
+def _first_tensor(header) -> str:
+    return sorted(k for k in header if k != "__metadata__")[0]
+
+
+CORRUPTIONS = {
+    "empty": lambda data: b"",
+    "shorter-than-header": lambda data: data[:4],
+    "header-size-huge": lambda data: (2**60).to_bytes(8, "little") + data[8:],
+    "header-not-json": lambda data: (
+        data[:8] + b"x" * int.from_bytes(data[:8], "little") + data[8:][int.from_bytes(data[:8], "little") :]
+    ),
+    "data-truncated": lambda data: data[:-100],
+    "offsets-past-end": lambda data: _with_header(
+        data, lambda h: h[_first_tensor(h)].__setitem__("data_offsets", [0, 10**9])
+    ),
+    "shape-disagrees-with-bytes": lambda data: _with_header(
+        data, lambda h: h[_first_tensor(h)].__setitem__("shape", [999])
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_corrupted_safetensors(bert_src, tmp_path, corruption):
+    path = bert_src / "model.safetensors"
+    path.write_bytes(CORRUPTIONS[corruption](path.read_bytes()))
+    _assert_fails(bert_src, tmp_path / "dst", "model.safetensors", "is not a readable safetensors file")
+
+
+def test_bin_that_is_not_a_checkpoint(bert_src, tmp_path):
+    (bert_src / "model.safetensors").unlink()
+    (bert_src / "pytorch_model.bin").write_bytes(b"PK\x03\x04 this is not a torch archive")
+    _assert_fails(bert_src, tmp_path / "dst", "pytorch_model.bin", "weights-only")
+
+
+def test_pickle_payload_in_a_sharded_bin(bert_src, tmp_path):
+    marker = tmp_path / "pwned"
+    tensors = load_file(bert_src / "model.safetensors")
+    (bert_src / "model.safetensors").unlink()
+    torch.save(tensors, bert_src / "pytorch_model-00001-of-00002.bin")
+    torch.save({"extra": _CreatesAFile(marker)}, bert_src / "pytorch_model-00002-of-00002.bin")
+    weight_map = {
+        **dict.fromkeys(tensors, "pytorch_model-00001-of-00002.bin"),
+        "extra": "pytorch_model-00002-of-00002.bin",
+    }
+    (bert_src / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _assert_fails(bert_src, tmp_path / "dst", "pytorch_model-00002-of-00002.bin", "weights-only")
+    assert not marker.exists()
+
+
+def test_pickle_payload_refused_when_loading_a_stock_folder_directly(bert_src, tmp_path):
+    marker = tmp_path / "pwned"
+    (bert_src / "model.safetensors").unlink()
+    torch.save({"bert.embeddings.word_embeddings.weight": _CreatesAFile(marker)}, bert_src / "pytorch_model.bin")
+    for cls in (fivefold.FivefoldBertForMaskedLM, fivefold.FivefoldBertModel):
+        with pytest.raises(ConversionError, match=r"pytorch_model\.bin is not a loadable weights-only checkpoint"):
+            cls.from_pretrained(bert_src)
+    assert not marker.exists()
+
+
+def _hub_cache_snapshot(src, root):
+    """The layout huggingface_hub downloads into: snapshots/<rev>/<file> are symlinks into ../../blobs/."""
+    blobs, snapshot = root / "blobs", root / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, path in enumerate(sorted(src.iterdir())):
+        shutil.copy2(path, blobs / f"blob{i}")
+        (snapshot / path.name).symlink_to(f"../../blobs/blob{i}")
+    return snapshot
+
+
+def test_hub_cache_snapshot_symlinks_are_inside(stock_checkpoint, tmp_path):
+    sharded = fivefold.export(
+        fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), tmp_path / "ours", progress=False),
+        tmp_path / "stock-sharded",
+        max_shard_size="20KB",
+        progress=False,
+    )
+    snapshot = _hub_cache_snapshot(sharded, tmp_path / "models--someone--bert")
+    assert (snapshot / "model.safetensors.index.json").is_file()
+    assert (fivefold.convert(snapshot, tmp_path / "dst", progress=False) / "config.json").is_file()
+
+
+# --- config.json ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        ({"hidden_size": "32"}, ["hidden_size", "expected int", "'32'"]),
+        ({"vocab_size": -1}, ["vocab_size must be a positive integer, got -1"]),
+        ({"architectures": "BertForMaskedLM"}, ["architectures must be a list of class names"]),
+        ({"model_type": None}, ["unsupported model_type None"]),
+    ],
+    ids=["wrong-type", "non-positive", "architectures-not-a-list", "model-type-null"],
+)
+def test_config_field_errors_name_the_field(bert_src, tmp_path, change, needles):
+    config = json.loads((bert_src / "config.json").read_text())
+    (bert_src / "config.json").write_text(json.dumps({**config, **change}))
+    _assert_fails(bert_src, tmp_path / "dst", "config.json", *needles)
+    with pytest.raises(ConversionError) as err:
+        fivefold.convert(bert_src, tmp_path / "dst", progress=False)
+    assert "Validation error for" not in str(err.value)  # huggingface_hub's wrapper, not the field's own message
+
+
+def test_config_json_that_is_a_folder(bert_src, tmp_path):
+    (bert_src / "config.json").unlink()
+    (bert_src / "config.json").mkdir()
+    _assert_fails(bert_src, tmp_path / "dst", "config.json", "cannot read")
+
+
+WIDTH_AND_HEADS = (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"))
+
+
+def test_heads_not_dividing_the_width_every_architecture(arch_src, tmp_path):
+    arch, src = arch_src
+    pair = next(((w, h) for w, h in WIDTH_AND_HEADS if w in arch.tiny and h in arch.tiny), None)
+    if pair is None:
+        pytest.skip("heads and width are independent here (T5's d_kv) or named otherwise")
+    width, heads = pair
+    bad = next(n for n in range(arch.tiny[heads] + 1, arch.tiny[width]) if arch.tiny[width] % n)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, heads: bad}))
+    _assert_fails(src, tmp_path / "dst", "config.json", "is not a valid", f"({bad})")
+
+
+# Architecture-specific config rules: (stock model_type, fields changed, what the error must name). A row whose
+# architecture has not landed is skipped.
+CONFIG_RULES = [
+    ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 5}, ["num_experts_per_tok", "num_local_experts"]),
+]
+
+
+@pytest.mark.parametrize(("model_type", "change", "needles"), CONFIG_RULES, ids=[r[0] for r in CONFIG_RULES])
+def test_architecture_config_rules(stock_checkpoint, tmp_path, model_type, change, needles):
+    arch = next((a for a in ARCHITECTURES if a.stock_model_type == model_type), None)
+    if arch is None:
+        pytest.skip(f"{model_type} has not landed")
+    src = _copy(stock_checkpoint(model_type, stock_class_name(arch.base_model)), tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    _assert_fails(src, tmp_path / "dst", "config.json", *needles)
+
+
+def test_export_names_a_bad_config(converted, tmp_path):
+    _, dst = converted("bert", "BertForMaskedLM")
+    broken = _copy(dst, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5}))
+    with pytest.raises(ConversionError, match=r"config\.json is not a valid bert config: hidden_size \(32\)"):
+        fivefold.export(broken, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# --- side files: data only ---------------------------------------------------------------------------------
+
+
+def test_side_files_never_carry_code(bert_src, tmp_path):
+    (bert_src / "tokenizer_hook.py").write_text("open('pwned', 'w')\n")
+    (bert_src / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    tokenizer_config = {"tokenizer_class": "BertTokenizer", "auto_map": {"AutoTokenizer": ["evil/repo--tok.T", None]}}
+    (bert_src / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    with pytest.warns(CheckpointWarning, match="dropped auto_map .* from tokenizer_config.json"):
+        dst = fivefold.convert(bert_src, tmp_path / "dst", progress=False)
+    assert not (dst / "tokenizer_hook.py").exists()
+    assert (dst / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
+    assert json.loads((dst / "tokenizer_config.json").read_text()) == {"tokenizer_class": "BertTokenizer"}
+
+
+def test_side_file_linking_out_of_the_folder(bert_src, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    (bert_src / "vocab.txt").symlink_to(secret)
+    _assert_fails(bert_src, tmp_path / "dst", "vocab.txt", "outside the folder")
