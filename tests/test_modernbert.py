@@ -202,7 +202,7 @@ def test_public_size_conversion_is_complete(stock_class):
     expected, _ = expected_tensors(target, config)
     accounted = {s for step in plan.steps for s in step.sources} | set(plan.dropped) | {a for a, _ in plan.aliases}
     assert accounted == set(shapes)
-    assert set(produced) == set(expected) - set(tied)
+    assert set(expected) - set(tied) <= set(produced) <= set(expected)  # a tied decoder may be stored too
     assert all(produced[k] == expected[k] for k in produced)
     params = sum(torch.Size(s).numel() for k, s in expected.items() if k not in tied)
     assert params > 140_000_000  # ModernBERT-base: 149M
