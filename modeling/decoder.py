@@ -84,7 +84,8 @@ def input_major_weights(model: nn.Module, min_numel: int = 1 << 16) -> None:
     save_pretrained writes contiguous tensors. A decoding step multiplies one row per sequence by each weight, and
     on CPU `row @ [in, out]` streams a weight from memory faster than `row @ [out, in]^T` (benchmarks/gpt2.py).
     Smaller weights (adapters such as LoRA's among them) stay as they are: they live in cache. Idempotent."""
-    with torch.no_grad():
+    # Plain tensors even when called under inference_mode, so that the weights can still be trained afterwards.
+    with torch.inference_mode(False), torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
             if (
@@ -98,7 +99,7 @@ def input_major_weights(model: nn.Module, min_numel: int = 1 << 16) -> None:
 
 def row_major_weights(model: nn.Module) -> None:
     """Undoes input_major_weights: every weight contiguous again."""
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         for param in model.parameters():
             if not param.is_contiguous():
                 param.data = param.data.contiguous()
