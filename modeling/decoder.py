@@ -78,21 +78,28 @@ def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length
         )
 
 
-def input_major_weights(model: nn.Module) -> None:
-    """Stores every CPU Linear weight [out, in] as the transpose of a contiguous [in, out] matrix: the layout stock
-    GPT-2's Conv1D layers keep. Shapes, names, values and saved files are unchanged (saving makes tensors
-    contiguous). A decoding step multiplies one row per sequence by each weight, and on CPU `row @ [in, out]`
-    streams the weight faster than `row @ [out, in]^T` (measured in benchmarks/gpt2.py). Idempotent."""
-    with torch.no_grad():
+def input_major_weights(model: nn.Module, min_numel: int = 1 << 16) -> None:
+    """Stores each CPU Linear weight [out, in] of at least `min_numel` elements as the transpose of a contiguous
+    [in, out] matrix: the layout stock GPT-2's Conv1D layers keep. Shapes, names and values are unchanged, and
+    save_pretrained writes contiguous tensors. A decoding step multiplies one row per sequence by each weight, and
+    on CPU `row @ [in, out]` streams a weight from memory faster than `row @ [out, in]^T` (benchmarks/gpt2.py).
+    Smaller weights (adapters such as LoRA's among them) stay as they are: they live in cache. Idempotent."""
+    # Plain tensors even when called under inference_mode, so that the weights can still be trained afterwards.
+    with torch.inference_mode(False), torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
-            if isinstance(module, nn.Linear) and weight.device.type == "cpu" and weight.is_contiguous():
+            if (
+                isinstance(module, nn.Linear)
+                and weight.device.type == "cpu"
+                and weight.numel() >= min_numel
+                and weight.is_contiguous()
+            ):
                 weight.data = weight.data.t().contiguous().t()
 
 
 def row_major_weights(model: nn.Module) -> None:
     """Undoes input_major_weights: every weight contiguous again."""
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         for param in model.parameters():
             if not param.is_contiguous():
                 param.data = param.data.contiguous()

@@ -51,6 +51,16 @@ def test_generate_matches_stock_token_for_token(lm_pair, attn, options):
     assert torch.equal(expected, got)
 
 
+def test_generate_with_weights_laid_out_for_decoding_matches_stock(lm_pair):
+    """The tiny test weights are below input_major_weights' size threshold: force the layout of a full model."""
+    stock, ours = lm_pair()
+    input_major_weights(ours, min_numel=0)
+    assert not ours.lm_head.weight.is_contiguous()
+    ids, mask = _prompts(stock.config)
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+    assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
+
+
 def test_generate_without_attention_mask_and_batch_of_one(lm_pair):
     stock, ours = lm_pair()
     ids = torch.tensor([[5, 17, 42, 8, 90]])
@@ -102,8 +112,8 @@ def test_weight_layout_for_decoding_keeps_the_outputs(lm_pair):
     ids, mask = _prompts(ours.config)
     with torch.no_grad():
         before = ours(ids, attention_mask=mask).logits
-        input_major_weights(ours)
-        input_major_weights(ours)  # idempotent
+        input_major_weights(ours, min_numel=0)
+        input_major_weights(ours, min_numel=0)  # idempotent
         after = ours(ids, attention_mask=mask).logits
     weight = ours.model.layers[0].mlp.up_proj.weight
     assert weight.stride() == (1, weight.shape[0])
