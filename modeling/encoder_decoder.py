@@ -155,15 +155,8 @@ class Stack(EncoderDecoderPreTrainedModel):
         hidden = self.dropout(inputs_embeds)
         self_cache = cache.self_attention_cache if cache is not None else None
         for layer in self.layers:
-            hidden = layer(
-                hidden,
-                mask,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=cross_mask,
-                encoder_decoder_cache=cache,
-                cache=self_cache,
-                **kwargs,
-            )
+            # Tensors that need gradients go positionally: reentrant gradient checkpointing only follows those.
+            hidden = layer(hidden, mask, None, encoder_hidden_states, cross_mask, cache, cache=self_cache, **kwargs)
         hidden = self.dropout(self.final_norm(hidden))
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden, cache=cache)
 
