@@ -261,3 +261,14 @@ def test_bad_inputs_raise_clear_errors(checkpoints):
         ours(input_ids=torch.tensor([[5, 120]]), decoder_input_ids=torch.tensor([[0]]))
     with pytest.raises(ValueError, match="attention_mask has shape"):
         ours(input_ids=torch.tensor([[5, 6]]), attention_mask=torch.ones(1, 3), decoder_input_ids=torch.tensor([[0]]))
+
+
+def test_attention_weights_match_stock(checkpoints):
+    stock, ours = _models(*checkpoints["v1.1"], attn="eager")
+    inputs = ARCH.sample_inputs(stock.config, "T5ForConditionalGeneration", 0)
+    with torch.no_grad():
+        a, b = stock(**inputs, output_attentions=True), ours(**inputs, output_attentions=True)
+    for key, layers in [("encoder_attentions", 2), ("decoder_attentions", 3), ("cross_attentions", 3)]:
+        assert len(getattr(b, key)) == layers
+        for x, y in zip(getattr(a, key), getattr(b, key), strict=True):
+            assert (x - y).abs().max() <= TOL
