@@ -87,7 +87,7 @@ def main() -> None:
     fields, new_tokens, enc_shape, gen_shape = (
         (TINY, 4, (2, 16), (2, 8)) if args.quick else (T5_SMALL, 32, (8, 128), (4, 64))
     )
-    runs = 2 if args.quick else args.runs
+    runs = max(args.runs, 5) if args.quick else args.runs
     lines = [
         f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, "
         f"torch threads {torch.get_num_threads()}; torch {torch.__version__}, transformers {transformers.__version__},"

@@ -50,11 +50,14 @@ class EncoderDecoderRecipe:
 
 
 def padding_allowed(attention_mask: torch.Tensor | None, key_length: int, name: str) -> torch.Tensor | None:
-    """[B, S] 1/0 mask -> bool [B, 1, 1, S] (True = attend), or None without one."""
+    """[B, S] 1/0 mask -> bool [B, 1, 1, S] (True = attend), or None without one or without padding (so that the
+    kernels add a [1, H, T, S] bias instead of reading a mask per row)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[1] != key_length:
         raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, {key_length})")
+    if bool(attention_mask.all()):
+        return None
     return attention_mask[:, None, None, :].bool()
 
 
@@ -152,15 +155,8 @@ class Stack(EncoderDecoderPreTrainedModel):
         hidden = self.dropout(inputs_embeds)
         self_cache = cache.self_attention_cache if cache is not None else None
         for layer in self.layers:
-            hidden = layer(
-                hidden,
-                mask,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=cross_mask,
-                encoder_decoder_cache=cache,
-                cache=self_cache,
-                **kwargs,
-            )
+            # Tensors that need gradients go positionally: reentrant gradient checkpointing only follows those.
+            hidden = layer(hidden, mask, None, encoder_hidden_states, cross_mask, cache, cache=self_cache, **kwargs)
         hidden = self.dropout(self.final_norm(hidden))
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden, cache=cache)
 

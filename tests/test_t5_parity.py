@@ -106,16 +106,25 @@ GENERATE = {
 }
 
 
+@pytest.fixture(scope="module")
+def generating(tmp_path_factory):
+    """flavour -> (stock, ours) with the deeper encoder (3 vs 2). Stock T5 in transformers 5.24 cannot generate
+    when the decoder is deeper (its caches are sized by the encoder's depth); ours is tested on that below."""
+    out = {}
+    for flavour, overrides in {"v1.0": {}, "v1.1": V11}.items():
+        root = tmp_path_factory.mktemp(f"t5-generate-{flavour}")
+        overrides = {**overrides, "num_layers": 3, "num_decoder_layers": 2}
+        src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", root / "stock", seed=3, **overrides)
+        if flavour == "v1.1":
+            untie_head(src)
+        out[flavour] = _models(src, fivefold.convert(src, root / "fivefold", progress=False))
+    return out
+
+
 @pytest.mark.parametrize("search", list(GENERATE))
 @pytest.mark.parametrize("flavour", ["v1.0", "v1.1"])
-def test_generate_matches_stock(tmp_path, flavour, search):
-    # Stock T5 in transformers 5.24 cannot generate when the decoder is deeper than the encoder (its caches are
-    # sized by the encoder's depth), so the stock comparison uses a deeper encoder; our deeper decoder is tested below.
-    overrides = {**(V11 if flavour == "v1.1" else {}), "num_layers": 3, "num_decoder_layers": 2}
-    src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", tmp_path / "stock", seed=3, **overrides)
-    if flavour == "v1.1":
-        untie_head(src)
-    stock, ours = _models(src, fivefold.convert(src, tmp_path / "ours", progress=False))
+def test_generate_matches_stock(generating, flavour, search):
+    stock, ours = generating[flavour]
     inputs = ARCH.sample_inputs(stock.config, "T5EncoderModel", 1)
     settings = dict(max_new_tokens=10, min_new_tokens=10, return_dict_in_generate=True, output_scores=True)
     a = stock.generate(**inputs, **settings, **GENERATE[search])
@@ -128,9 +137,8 @@ def test_generate_matches_stock(tmp_path, flavour, search):
     assert torch.equal(b.sequences, uncached.sequences)
 
 
-def test_sampling_matches_stock_under_a_seed(checkpoints, tmp_path):
-    src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", tmp_path / "s", num_layers=3, num_decoder_layers=2)
-    stock, ours = _models(src, fivefold.convert(src, tmp_path / "o", progress=False))
+def test_sampling_matches_stock_under_a_seed(generating):
+    stock, ours = generating["v1.1"]
     inputs = ARCH.sample_inputs(stock.config, "T5EncoderModel", 2)
     settings = dict(max_new_tokens=8, do_sample=True, top_k=20, temperature=0.9)
     torch.manual_seed(7)
@@ -253,3 +261,14 @@ def test_bad_inputs_raise_clear_errors(checkpoints):
         ours(input_ids=torch.tensor([[5, 120]]), decoder_input_ids=torch.tensor([[0]]))
     with pytest.raises(ValueError, match="attention_mask has shape"):
         ours(input_ids=torch.tensor([[5, 6]]), attention_mask=torch.ones(1, 3), decoder_input_ids=torch.tensor([[0]]))
+
+
+def test_attention_weights_match_stock(checkpoints):
+    stock, ours = _models(*checkpoints["v1.1"], attn="eager")
+    inputs = ARCH.sample_inputs(stock.config, "T5ForConditionalGeneration", 0)
+    with torch.no_grad():
+        a, b = stock(**inputs, output_attentions=True), ours(**inputs, output_attentions=True)
+    for key, layers in [("encoder_attentions", 2), ("decoder_attentions", 3), ("cross_attentions", 3)]:
+        assert len(getattr(b, key)) == layers
+        for x, y in zip(getattr(a, key), getattr(b, key), strict=True):
+            assert (x - y).abs().max() <= TOL
