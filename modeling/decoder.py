@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .attention import Attention
 from .block import Block, BlockSpec
 from .embeddings import check_position_ids, check_token_ids
-from .losses import cross_entropy, sequence_classification_loss
+from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .norms import build_norm
 from .pretrained import FivefoldPreTrainedModel
 from .rotary import RotaryEmbedding
@@ -307,6 +307,7 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         cache = cache if cache is not None else past_key_values
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         out = self._decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         logits = self.lm_head(slice_logits_to_keep(out.last_hidden_state, logits_to_keep))  # [B, T', V]
         loss = None
@@ -366,6 +367,7 @@ class DecoderForSequenceClassification(DecoderTaskModel):
     ) -> SequenceClassifierOutputWithPast:
         cache = cache if cache is not None else past_key_values
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
         out = self._decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         logits = self.score(out.last_hidden_state)  # [B, T, L]
         batch = logits.shape[0]
@@ -404,6 +406,7 @@ class DecoderForTokenClassification(DecoderTaskModel):
     ) -> TokenClassifierOutput:
         cache = cache if cache is not None else past_key_values
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         out = self._decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, L]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None

@@ -26,7 +26,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import Attention, CrossAttention, causal_bool_mask
 from .block import Block, BlockSpec
 from .embeddings import check_token_ids
-from .losses import cross_entropy
+from .losses import check_labels, cross_entropy, tokens_shape
 from .norms import build_norm
 from .pretrained import FivefoldPreTrainedModel
 from .relative_position import RelativeBiasSpec, RelativePositionBias
@@ -304,6 +304,7 @@ class EncoderDecoderForConditionalGeneration(EncoderDecoderBase, GenerationMixin
     ) -> Seq2SeqLMOutput:
         cache = cache if cache is not None else past_key_values
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, (*(tokens_shape(input_ids, inputs_embeds)[:1] or (None,)), None))
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         enc, dec = self._run(

@@ -21,10 +21,17 @@ from transformers.utils.generic import can_return_tuple
 from ..configuration.modernbert import FivefoldModernBertConfig
 from .attention import AttentionSpec
 from .block import BlockSpec
-from .embeddings import EmbeddingSpec
+from .embeddings import EmbeddingSpec, check_not_empty
 from .encoder import EncoderModel, EncoderPreTrainedModel, EncoderRecipe
 from .feedforward import FeedForwardSpec, activation
-from .losses import cross_entropy, sequence_classification_loss, span_loss
+from .losses import (
+    batch_labels_shapes,
+    check_labels,
+    cross_entropy,
+    sequence_classification_loss,
+    span_loss,
+    tokens_shape,
+)
 from .norms import build_norm
 
 
@@ -191,6 +198,7 @@ class FivefoldModernBertForMaskedLM(ModernBertTaskModel):
         **kwargs,
     ) -> MaskedLMOutput:
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         hidden = out.last_hidden_state  # [B, T, C]
         if self.config.sparse_prediction and labels is not None:
@@ -215,6 +223,7 @@ class FivefoldModernBertForSequenceClassification(ModernBertClassifierModel):
         **kwargs,
     ) -> SequenceClassifierOutput:
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         pooled = pool(out.last_hidden_state, attention_mask, self.config.classifier_pooling, cls_first_token=True)
         logits = self._classify(pooled)  # [B, L]
@@ -236,6 +245,7 @@ class FivefoldModernBertForTokenClassification(ModernBertClassifierModel):
         **kwargs,
     ) -> TokenClassifierOutput:
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._classify(out.last_hidden_state)  # [B, T, L]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
@@ -257,6 +267,8 @@ class FivefoldModernBertForQuestionAnswering(ModernBertClassifierModel):
         **kwargs,
     ) -> QuestionAnsweringModelOutput:
         kwargs.pop("num_items_in_batch", None)
+        for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+            check_labels(name, positions, *batch_labels_shapes(input_ids, inputs_embeds))
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         start_logits, end_logits = self._classify(out.last_hidden_state).split(1, dim=-1)  # 2 x [B, T, 1]
         start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
@@ -288,6 +300,8 @@ class FivefoldModernBertForMultipleChoice(ModernBertClassifierModel):
         **kwargs,
     ) -> MultipleChoiceModelOutput:
         num_items = kwargs.pop("num_items_in_batch", None)
+        check_not_empty(tokens_shape(input_ids, inputs_embeds), "inputs_embeds" if input_ids is None else "input_ids")
+        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
         def flat(x: torch.Tensor | None, keep: int) -> torch.Tensor | None:  # [B, N, ...] -> [B * N, ...]
