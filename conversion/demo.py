@@ -38,7 +38,8 @@ def run_demo(print_fn=print) -> bool:
                 worst = max(diffs.values())
                 rows.append((arch.stock_model_type, stock_name, f"{auto} -> {type(ours).__name__}", worst))
     width = max(len(r[2]) for r in rows)
-    print_fn(f"fivefold demo: tiny random checkpoints, fp32, ragged padded batch, torch {torch.__version__}")
+    batches = "ragged padded text batches, images at native size"
+    print_fn(f"fivefold demo: tiny random checkpoints, fp32, {batches}, torch {torch.__version__}")
     print_fn(f"{'arch':8} {'stock class':36} {'loaded through':{width}} {'max |diff|':>10}  ok")
     for model_type, stock_name, loaded, worst in rows:
         ok = worst <= TOLERANCE

@@ -46,8 +46,9 @@ def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
 
 
 def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dict[str, float]:
-    """Loads SRC with stock transformers and DST with fivefold, runs a ragged padded batch through both and
-    returns the max abs difference of every floating output (logits, hidden states, pooler output...)."""
+    """Loads SRC with stock transformers and DST with fivefold, runs the architecture's sample batch (text: ragged
+    and padded) through both and returns the max abs difference of every floating output (logits, hidden states,
+    pooler output...)."""
     src_folder, dst_folder = resolve_source(src), Path(dst)
     stock_cfg, our_cfg = read_config(src_folder), read_config(dst_folder)
     arch = architecture_of(stock_cfg, src_folder, want_stock=True)
