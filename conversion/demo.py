@@ -40,10 +40,13 @@ def run_demo(print_fn=print) -> bool:
     width = max(len(r[2]) for r in rows)
     batches = "ragged padded text batches, images at native size"
     print_fn(f"fivefold demo: tiny random checkpoints, fp32, {batches}, torch {torch.__version__}")
-    print_fn(f"{'arch':8} {'stock class':36} {'loaded through':{width}} {'max |diff|':>10}  ok")
+    arch_width = max(len(r[0]) for r in rows)
+    class_width = max(len(r[1]) for r in rows)
+    print_fn(f"{'arch':{arch_width}} {'stock class':{class_width}} {'loaded through':{width}} {'max |diff|':>10}  ok")
     for model_type, stock_name, loaded, worst in rows:
         ok = worst <= TOLERANCE
-        print_fn(f"{model_type:8} {stock_name:36} {loaded:{width}} {worst:10.2e}  {'yes' if ok else 'NO'}")
+        row = f"{model_type:{arch_width}} {stock_name:{class_width}} {loaded:{width}} {worst:10.2e}"
+        print_fn(f"{row}  {'yes' if ok else 'NO'}")
     passed = all(r[3] <= TOLERANCE for r in rows)
     print_fn(f"{len(rows)} checkpoints, all within {TOLERANCE:g}: {'yes' if passed else 'NO'}")
     return passed
