@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .linear import Linear
 from .padding import PackedSequences, packed_attention
 from .rotary import RotaryPositions
 
@@ -95,10 +96,10 @@ class Attention(nn.Module):
         self.scaling = spec.scaling if spec.scaling is not None else self.head_dim**-0.5
         self.dropout = nn.Dropout(spec.dropout)  # a module, so that code adjusting every nn.Dropout reaches it
 
-        self.q_proj = nn.Linear(spec.hidden_size, self.num_heads * self.head_dim, bias=spec.bias)
-        self.k_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
-        self.v_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
+        self.q_proj = Linear(spec.hidden_size, self.num_heads * self.head_dim, bias=spec.bias)
+        self.k_proj = Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
+        self.v_proj = Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
         self.positions = POSITIONS[spec.positions]()
 
     def forward(

@@ -29,6 +29,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .attention import Attention
 from .block import Block, BlockSpec
 from .embeddings import check_position_ids, check_token_ids
+from .linear import Linear
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .norms import build_norm
 from .pretrained import FivefoldPreTrainedModel
@@ -76,33 +77,6 @@ def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, past + new tokens) with "
             f"batch = {batch} and at least {length} tokens"
         )
-
-
-def input_major_weights(model: nn.Module, min_numel: int = 1 << 16) -> None:
-    """Stores each CPU Linear weight [out, in] of at least `min_numel` elements as the transpose of a contiguous
-    [in, out] matrix: the layout stock GPT-2's Conv1D layers keep. Shapes, names and values are unchanged, and
-    save_pretrained writes contiguous tensors. A decoding step multiplies one row per sequence by each weight, and
-    on CPU `row @ [in, out]` streams a weight from memory faster than `row @ [out, in]^T` (benchmarks/gpt2.py).
-    Smaller weights (adapters such as LoRA's among them) stay as they are: they live in cache. Idempotent."""
-    # Plain tensors even when called under inference_mode, so that the weights can still be trained afterwards.
-    with torch.inference_mode(False), torch.no_grad():
-        for module in model.modules():
-            weight = getattr(module, "weight", None)
-            if (
-                isinstance(module, nn.Linear)
-                and weight.device.type == "cpu"
-                and weight.numel() >= min_numel
-                and weight.is_contiguous()
-            ):
-                weight.data = weight.data.t().contiguous().t()
-
-
-def row_major_weights(model: nn.Module) -> None:
-    """Undoes input_major_weights: every weight contiguous again."""
-    with torch.inference_mode(False), torch.no_grad():
-        for param in model.parameters():
-            if not param.is_contiguous():
-                param.data = param.data.contiguous()
 
 
 class DecoderEmbeddings(nn.Module):
@@ -153,12 +127,6 @@ class DecoderPreTrainedModel(FivefoldPreTrainedModel):
     @staticmethod
     def recipe(config) -> DecoderRecipe:
         raise NotImplementedError("a decoder architecture defines recipe(config)")
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # transformers' check for tied tensors flattens them with view(-1), which needs the row-major layout
-        # generate() may have swapped out (input_major_weights); the next generate() swaps it back in.
-        row_major_weights(self)
-        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DecoderModel(DecoderPreTrainedModel):
@@ -272,7 +240,7 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
     def __init__(self, config):
         super().__init__(config)
         self.model = self.base_model_class(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -280,11 +248,6 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
-
-    def generate(self, *args, **kwargs):
-        """transformers' `generate`, after laying the weights out for decoding on CPU (see input_major_weights)."""
-        input_major_weights(self)
-        return super().generate(*args, **kwargs)
 
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts
@@ -349,7 +312,7 @@ class DecoderForSequenceClassification(DecoderTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = self.base_model_class(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score = Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
     @can_return_tuple
@@ -388,7 +351,7 @@ class DecoderForTokenClassification(DecoderTaskModel):
         super().__init__(config)
         self.model = self.base_model_class(config)
         self.dropout = nn.Dropout(self.base_model_class.recipe(config).classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @can_return_tuple

@@ -26,6 +26,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import Attention, CrossAttention, causal_bool_mask
 from .block import Block, BlockSpec
 from .embeddings import check_token_ids
+from .linear import Linear
 from .losses import check_labels, cross_entropy, tokens_shape
 from .norms import build_norm
 from .pretrained import FivefoldPreTrainedModel
@@ -274,7 +275,7 @@ class EncoderDecoderForConditionalGeneration(EncoderDecoderBase, GenerationMixin
     def __init__(self, config):
         super().__init__(config)
         self.logits_scale = self.recipe(config).logits_scale
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:

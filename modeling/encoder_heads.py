@@ -21,6 +21,7 @@ from transformers.utils.generic import can_return_tuple
 from .embeddings import check_not_empty
 from .encoder import EncoderModel, EncoderPreTrainedModel
 from .heads import CLASSIFIERS_NEEDING_POOLER, MaskedLMHead, build_sequence_classifier
+from .linear import Linear
 from .losses import (
     batch_labels_shapes,
     check_labels,
@@ -108,7 +109,7 @@ class EncoderForPreTraining(MaskedLMMixin, EncoderTaskModel):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=True)
         self.lm_head = self._build_lm_head(config)
-        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.nsp_head = Linear(config.hidden_size, 2)
         self.post_init()
 
     @can_return_tuple
@@ -147,7 +148,7 @@ class EncoderForNextSentencePrediction(EncoderTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=True)
-        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.nsp_head = Linear(config.hidden_size, 2)
         self.post_init()
 
     @can_return_tuple
@@ -212,7 +213,7 @@ class EncoderForMultipleChoice(EncoderTaskModel):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=True)
         self.dropout = nn.Dropout(self.base_model_class.recipe(config).multiple_choice_dropout)
-        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.classifier = Linear(config.hidden_size, 1)
         self.post_init()
 
     @can_return_tuple
@@ -256,7 +257,7 @@ class EncoderForTokenClassification(EncoderTaskModel):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=False)
         self.dropout = nn.Dropout(self.base_model_class.recipe(config).classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @can_return_tuple
@@ -286,7 +287,7 @@ class EncoderForQuestionAnswering(EncoderTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = self._encoder(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.qa_outputs = Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @can_return_tuple

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .linear import Linear
+
 
 @dataclass(frozen=True)
 class FeedForwardSpec:
@@ -20,7 +22,7 @@ class FeedForwardSpec:
     dropout: float = 0.0  # on the inner activations, in training (T5)
 
 
-class OutputProjection(nn.Linear):
+class OutputProjection(Linear):
     """The down projection. It runs in its own weight dtype, which may differ from the activations' when a model
     keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and returns the activations' dtype, clamped
     to its finite range."""
@@ -44,7 +46,7 @@ class DenseFeedForward(nn.Module):
 
     def __init__(self, spec: FeedForwardSpec):
         super().__init__()
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = nn.Dropout(spec.dropout)
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
@@ -58,8 +60,8 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, spec: FeedForwardSpec):
         super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.gate_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
+        self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = nn.Dropout(spec.dropout)
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .feedforward import activation
+from .linear import Linear
 from .norms import build_norm
 
 
@@ -15,7 +16,7 @@ class Pooler(nn.Module):
 
     def __init__(self, hidden_size: int, out_size: int | None = None, act: str = "tanh"):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, out_size or hidden_size)
+        self.dense = Linear(hidden_size, out_size or hidden_size)
         self.act = activation(act)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, C] (or [B, out_size])
@@ -27,16 +28,16 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, hidden_size: int, vocab_size: int, act: str, norm: str, norm_eps: float, bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.dense = Linear(hidden_size, hidden_size, bias=bias)
         self.act = activation(act)
         self.norm = build_norm(norm, hidden_size, norm_eps)
-        self.decoder = nn.Linear(hidden_size, vocab_size, bias=bias)
+        self.decoder = Linear(hidden_size, vocab_size, bias=bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, V]
         return self.decoder(self.norm(self.act(self.dense(hidden_states))))
 
 
-class PooledClassifier(nn.Linear):
+class PooledClassifier(Linear):
     """dropout -> linear on the pooler output (BERT)."""
 
     def __init__(self, hidden_size: int, num_labels: int, dropout: float):
@@ -53,8 +54,8 @@ class FirstTokenClassifier(nn.Module):
     def __init__(self, hidden_size: int, num_labels: int, dropout: float):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.out_proj = nn.Linear(hidden_size, num_labels)
+        self.dense = Linear(hidden_size, hidden_size)
+        self.out_proj = Linear(hidden_size, num_labels)
 
     def forward(self, outputs) -> torch.Tensor:  # last_hidden_state [B, T, C] -> [B, L]
         x = self.dropout(outputs.last_hidden_state[:, 0])

@@ -24,6 +24,7 @@ from .block import BlockSpec
 from .embeddings import EmbeddingSpec, check_not_empty
 from .encoder import EncoderModel, EncoderPreTrainedModel, EncoderRecipe
 from .feedforward import FeedForwardSpec, activation
+from .linear import Linear
 from .losses import (
     batch_labels_shapes,
     check_labels,
@@ -110,7 +111,7 @@ class PredictionHead(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
         self.act = activation(config.classifier_activation)
         self.norm = build_norm(
             "layernorm" if config.norm_bias else "layernorm_nobias", config.hidden_size, config.norm_eps
@@ -165,7 +166,7 @@ class ModernBertClassifierModel(ModernBertTaskModel):
     def __init__(self, config):
         super().__init__(config)
         self.drop = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, self.num_outputs(config))
+        self.classifier = Linear(config.hidden_size, self.num_outputs(config))
         self.post_init()
 
     def _classify(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -178,7 +179,7 @@ class FivefoldModernBertForMaskedLM(ModernBertTaskModel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        self.decoder = Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:

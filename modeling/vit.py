@@ -23,6 +23,7 @@ from .bert_style import bert_style_block
 from .block import Block, BlockSpec
 from .encoder import check_attention_mask
 from .heads import Pooler
+from .linear import Linear
 from .losses import sequence_classification_loss
 from .norms import build_norm
 from .patch_embeddings import PatchEmbeddings, PatchEmbeddingSpec
@@ -119,7 +120,7 @@ class FivefoldViTForImageClassification(FivefoldViTPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.model = FivefoldViTModel(config, add_pooling_layer=False)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.classifier = Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.post_init()
 
     @can_return_tuple

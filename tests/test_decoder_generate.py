@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from fivefold.conversion.samples import causal_text_sample
-from fivefold.modeling.decoder import CACHE_FIELD, input_major_weights
+from fivefold.modeling.decoder import CACHE_FIELD
 from fivefold.modeling.gpt2 import FivefoldGPT2LMHeadModel
 
 NEW = 24
@@ -51,12 +51,18 @@ def test_generate_matches_stock_token_for_token(lm_pair, attn, options):
     assert torch.equal(expected, got)
 
 
-def test_generate_with_weights_laid_out_for_decoding_matches_stock(lm_pair):
-    """The tiny test weights are below input_major_weights' size threshold: force the layout of a full model."""
+def test_generate_with_every_linear_through_onednn_matches_stock(lm_pair, monkeypatch):
+    """The tiny test weights are below the oneDNN size threshold: force the path a full-size model takes."""
+    from fivefold.modeling import linear as linear_module
+
+    if not linear_module.ONEDNN_AVAILABLE:
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
     stock, ours = lm_pair()
-    input_major_weights(ours, min_numel=0)
-    assert not ours.lm_head.weight.is_contiguous()
     ids, mask = _prompts(stock.config)
+    with torch.no_grad():
+        assert linear_module.uses_onednn(torch.ones(1, 1, ours.config.hidden_size), ours.lm_head.weight, None)
     kwargs = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
     assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
 
@@ -105,19 +111,6 @@ def test_cache_under_both_argument_names_and_logits_to_keep(lm_pair):
     assert getattr(by_old_name, CACHE_FIELD).get_seq_length() == 6
     assert (by_new_name.logits[:, -1] - by_old_name.logits[:, -1]).abs().max() <= 1e-6
     assert (full.logits[:, -1] - by_old_name.logits[:, -1]).abs().max() <= 1e-5
-
-
-def test_weight_layout_for_decoding_keeps_the_outputs(lm_pair):
-    _, ours = lm_pair()
-    ids, mask = _prompts(ours.config)
-    with torch.no_grad():
-        before = ours(ids, attention_mask=mask).logits
-        input_major_weights(ours, min_numel=0)
-        input_major_weights(ours, min_numel=0)  # idempotent
-        after = ours(ids, attention_mask=mask).logits
-    weight = ours.model.layers[0].mlp.up_proj.weight
-    assert weight.stride() == (1, weight.shape[0])
-    assert (before - after)[mask.bool()].abs().max() <= 1e-5
 
 
 def test_lm_loss_and_gradients_match_stock(lm_pair):

@@ -1,0 +1,132 @@
+"""The Linear every model uses: oneDNN's matmul in CPU inference, F.linear wherever autograd or the op can't follow."""
+
+import pytest
+import torch
+import transformers
+from torch.nn import functional as F
+
+from fivefold.architectures import ARCHITECTURES, stock_class_name
+from fivefold.conversion.verify import compare
+from fivefold.modeling import linear as linear_module
+from fivefold.modeling.linear import ONEDNN_AVAILABLE, Linear, linear, uses_onednn
+
+needs_onednn = pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """Every shape through oneDNN (no size threshold), and a count of the calls that took that path."""
+    calls = []
+    real = linear_module._ONEDNN_LINEAR
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(linear_module, "_ONEDNN_LINEAR", counted)
+    return calls
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    "x_shape, out_features, bias",
+    [((1, 768), 3072, True), ((4, 1, 512), 2048, False), ((3, 7, 64), 48, True), ((0, 64), 32, True)],
+)
+def test_onednn_path_equals_f_linear(onednn_calls, x_shape, out_features, bias):
+    torch.manual_seed(0)
+    layer = Linear(x_shape[-1], out_features, bias=bias)
+    x = torch.randn(x_shape)
+    with torch.no_grad():
+        got = layer(x)
+        expected = F.linear(x, layer.weight, layer.bias)
+    assert len(onednn_calls) == 1
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_non_contiguous_input(onednn_calls):
+    torch.manual_seed(0)
+    layer = Linear(64, 96)
+    x = torch.randn(5, 3, 64).transpose(0, 1)
+    with torch.no_grad():
+        assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert onednn_calls
+
+
+def test_training_goes_through_autograd_with_the_same_gradients(onednn_calls):
+    """The oneDNN op has no backward: a call that autograd records must take F.linear."""
+    torch.manual_seed(0)
+    layer = Linear(32, 16)
+    reference = torch.nn.Linear(32, 16)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(4, 32, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    layer(x).square().sum().backward()
+    reference(x_ref).square().sum().backward()
+    assert onednn_calls == []
+    assert torch.equal(x.grad, x_ref.grad)
+    assert torch.equal(layer.weight.grad, reference.weight.grad)
+    assert torch.equal(layer.bias.grad, reference.bias.grad)
+
+
+def test_frozen_weights_and_an_input_needing_gradient_keep_the_graph(onednn_calls):
+    layer = Linear(32, 16).requires_grad_(False)
+    x = torch.randn(4, 32, requires_grad=True)
+    layer(x).sum().backward()
+    assert onednn_calls == []
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(4, 32))
+
+
+@needs_onednn
+def test_frozen_weights_and_a_plain_input_take_onednn(onednn_calls):
+    """A frozen layer fed by no trainable input (the first base layers under LoRA) needs no graph."""
+    layer = Linear(32, 16).requires_grad_(False)
+    out = layer(torch.randn(4, 32))
+    assert len(onednn_calls) == 1
+    assert not out.requires_grad
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")
+def test_cases_the_op_does_not_cover_take_f_linear(onednn_calls):
+    x = torch.randn(2, 3, 32)
+    half = Linear(32, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        assert half(x.bfloat16()).dtype == torch.bfloat16
+        meta = Linear(32, 16, device="meta")
+        assert meta(x.to("meta")).shape == (2, 3, 16)
+        assert Linear(32, 16)(x[0, 0]).shape == (16,)  # a 1-D input
+        with torch.backends.mkldnn.flags(enabled=False):
+            Linear(32, 16)(x)
+    assert onednn_calls == []
+
+
+def test_small_products_stay_on_f_linear():
+    """oneDNN's cost per call only pays off from ONEDNN_MIN_WORK multiply-adds or ONEDNN_MIN_WEIGHT weights."""
+    weight = torch.randn(16, 32)
+    with torch.no_grad():
+        assert not uses_onednn(torch.randn(2, 32), weight, None)
+        assert uses_onednn(torch.randn(4096, 32), weight, None) == ONEDNN_AVAILABLE
+        assert uses_onednn(torch.randn(1, 256), torch.randn(256, 256), None) == ONEDNN_AVAILABLE
+    assert linear(torch.randn(2, 32), weight).shape == (2, 16)
+
+
+def _every_model():
+    for arch in ARCHITECTURES:
+        for cls in arch.models.values():
+            yield pytest.param(arch, stock_class_name(cls), id=stock_class_name(cls))
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch, stock_name", list(_every_model()))
+def test_every_model_matches_stock_with_every_linear_through_onednn(converted, onednn_calls, arch, stock_name):
+    """The tiny test models are below the size threshold: force the oneDNN path everywhere and compare every
+    floating output (logits, hidden states, ...) with stock on the architecture's padded sample batch."""
+    src, dst = converted(arch.stock_model_type, stock_name)
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    ours = next(cls for cls in arch.models.values() if stock_class_name(cls) == stock_name).from_pretrained(dst)
+    diffs = compare(stock, ours.eval(), arch.sample_inputs(stock.config, stock_name, 0))
+    assert onednn_calls, "no linear took the oneDNN path"
+    assert max(diffs.values()) <= 1e-4, diffs
