@@ -29,6 +29,7 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return (
         ONEDNN_AVAILABLE
         and torch.backends.mkldnn.enabled
+        and not torch.compiler.is_compiling()  # inductor lowers linears itself (and cannot lower this op unpacked)
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -13,6 +13,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 import fivefold  # noqa: E402
 from fivefold.conversion.samples import build_stock_checkpoint  # noqa: E402
+from fivefold.modeling import linear as linear_module  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +45,15 @@ def converted(stock_checkpoint, tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(params=["as-shipped", "onednn-everywhere"])
+def linear_path(request, monkeypatch):
+    """Runs a test as shipped (the tiny test weights are below oneDNN's size thresholds and take F.linear) and
+    again with every linear forced through oneDNN, the path the weights of a full-size model take."""
+    if request.param == "onednn-everywhere":
+        if not linear_module.ONEDNN_AVAILABLE:
+            pytest.skip("this torch build has no oneDNN")
+        monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
+        monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
+    return request.param

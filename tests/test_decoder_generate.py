@@ -39,7 +39,7 @@ def _prompts(config):
     ],
     ids=["greedy", "beam", "sample"],
 )
-def test_generate_matches_stock_token_for_token(lm_pair, attn, options):
+def test_generate_matches_stock_token_for_token(lm_pair, attn, options, linear_path):
     stock, ours = lm_pair(attn)
     ids, mask = _prompts(stock.config)
     outputs = []
@@ -49,22 +49,6 @@ def test_generate_matches_stock_token_for_token(lm_pair, attn, options):
     expected, got = outputs
     assert expected.shape[1] == ids.shape[1] + NEW
     assert torch.equal(expected, got)
-
-
-def test_generate_with_every_linear_through_onednn_matches_stock(lm_pair, monkeypatch):
-    """The tiny test weights are below the oneDNN size threshold: force the path a full-size model takes."""
-    from fivefold.modeling import linear as linear_module
-
-    if not linear_module.ONEDNN_AVAILABLE:
-        pytest.skip("this torch build has no oneDNN")
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
-    stock, ours = lm_pair()
-    ids, mask = _prompts(stock.config)
-    with torch.no_grad():
-        assert linear_module.uses_onednn(torch.ones(1, 1, ours.config.hidden_size), ours.lm_head.weight, None)
-    kwargs = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
-    assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
 
 
 def test_generate_without_attention_mask_and_batch_of_one(lm_pair):

@@ -32,7 +32,13 @@ def onednn_calls(monkeypatch):
 @needs_onednn
 @pytest.mark.parametrize(
     "x_shape, out_features, bias",
-    [((1, 768), 3072, True), ((4, 1, 512), 2048, False), ((3, 7, 64), 48, True), ((0, 64), 32, True)],
+    [
+        ((1, 768), 3072, True),
+        ((4, 1, 512), 2048, False),
+        ((3, 7, 64), 48, True),
+        ((2, 2, 3, 64), 8, True),
+        ((0, 64), 32, True),
+    ],
 )
 def test_onednn_path_equals_f_linear(onednn_calls, x_shape, out_features, bias):
     torch.manual_seed(0)
@@ -130,3 +136,21 @@ def test_every_model_matches_stock_with_every_linear_through_onednn(converted, o
     diffs = compare(stock, ours.eval(), arch.sample_inputs(stock.config, stock_name, 0))
     assert onednn_calls, "no linear took the oneDNN path"
     assert max(diffs.values()) <= 1e-4, diffs
+
+
+def test_under_torch_compile_the_graph_holds_f_linear(onednn_calls):
+    """Inductor picks its own kernel for a linear and cannot lower the oneDNN op on an unpacked weight."""
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    layer = Linear(64, 96).eval()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, backend=record, fullgraph=True)(x)
+    assert graphs and "mkldnn" not in str(graphs[0].graph)
+    assert "linear" in str(graphs[0].graph)
+    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)

@@ -49,7 +49,7 @@ def sharded(tmp_path_factory):
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_greedy_generation_matches_stock(converted, attn):
+def test_greedy_generation_matches_stock(converted, attn, linear_path):
     src, dst = converted("mixtral", "MixtralForCausalLM")
     stock, _ = _stock_and_ours(src, attn)
     ours = FivefoldMixtralForCausalLM.from_pretrained(dst, attn_implementation=attn).eval()
@@ -65,7 +65,7 @@ def test_greedy_generation_matches_stock(converted, attn):
     [dict(do_sample=True, top_k=20, temperature=0.8), dict(num_beams=3, do_sample=False)],
     ids=["sampling", "beam-search"],
 )
-def test_sampling_and_beam_search_match_stock(converted, options):
+def test_sampling_and_beam_search_match_stock(converted, options, linear_path):
     src, dst = converted("mixtral", "MixtralForCausalLM")
     stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
     ours = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()

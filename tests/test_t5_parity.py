@@ -123,7 +123,7 @@ def generating(tmp_path_factory):
 
 @pytest.mark.parametrize("search", list(GENERATE))
 @pytest.mark.parametrize("flavour", ["v1.0", "v1.1"])
-def test_generate_matches_stock(generating, flavour, search):
+def test_generate_matches_stock(generating, flavour, search, linear_path):
     stock, ours = generating[flavour]
     inputs = ARCH.sample_inputs(stock.config, "T5EncoderModel", 1)
     settings = dict(max_new_tokens=10, min_new_tokens=10, return_dict_in_generate=True, output_scores=True)
