@@ -30,6 +30,7 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         ONEDNN_AVAILABLE
         and torch.backends.mkldnn.enabled
         and not torch.compiler.is_compiling()  # inductor lowers linears itself (and cannot lower this op unpacked)
+        and not torch.is_autocast_enabled("cpu")  # autocast casts F.linear's inputs; it does not know this op
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

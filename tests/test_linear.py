@@ -106,6 +106,8 @@ def test_cases_the_op_does_not_cover_take_f_linear(onednn_calls):
         assert Linear(32, 16)(x[0, 0]).shape == (16,)  # a 1-D input
         with torch.backends.mkldnn.flags(enabled=False):
             Linear(32, 16)(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert Linear(32, 16)(x).dtype == torch.bfloat16  # as nn.Linear under autocast
     assert onednn_calls == []
 
 
@@ -154,3 +156,23 @@ def test_under_torch_compile_the_graph_holds_f_linear(onednn_calls):
     assert graphs and "mkldnn" not in str(graphs[0].graph)
     assert "linear" in str(graphs[0].graph)
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_func_transforms_match_nn_linear(onednn_calls):
+    """torch.func's grad and vmap see the same function as nn.Linear's."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    layer, reference = Linear(16, 8), torch.nn.Linear(16, 8)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(4, 16)
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+
+    def loss(params, module):
+        return functional_call(module, params, (x,)).square().sum()
+
+    ours, theirs = grad(loss)(params, layer), grad(loss)(params, reference)
+    assert all(torch.allclose(ours[name], theirs[name], rtol=1e-5, atol=1e-6) for name in params)
+    with torch.no_grad():
+        mapped = vmap(lambda row: layer(row[None]))(x)
+    assert torch.allclose(mapped[:, 0], reference(x), rtol=1e-5, atol=1e-6)
