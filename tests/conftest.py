@@ -51,9 +51,20 @@ def converted(stock_checkpoint, tmp_path_factory):
 def linear_path(request, monkeypatch):
     """Runs a test as shipped (the tiny test weights are below oneDNN's size thresholds and take F.linear) and
     again with every linear forced through oneDNN, the path the weights of a full-size model take."""
-    if request.param == "onednn-everywhere":
-        if not linear_module.ONEDNN_AVAILABLE:
-            pytest.skip("this torch build has no oneDNN")
-        monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
-        monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
-    return request.param
+    if request.param == "as-shipped":
+        yield request.param
+        return
+    if not linear_module.ONEDNN_AVAILABLE:
+        pytest.skip("this torch build has no oneDNN")
+    calls = []
+    real = linear_module._ONEDNN_LINEAR
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(linear_module, "_ONEDNN_LINEAR", counted)
+    yield request.param
+    assert calls, "no linear took the oneDNN path"

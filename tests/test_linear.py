@@ -8,7 +8,7 @@ from torch.nn import functional as F
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.verify import compare
 from fivefold.modeling import linear as linear_module
-from fivefold.modeling.linear import ONEDNN_AVAILABLE, Linear, linear, uses_onednn
+from fivefold.modeling.linear import ONEDNN_AVAILABLE, Linear, linear, use_torch_linears, uses_onednn
 
 needs_onednn = pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
 
@@ -158,14 +158,19 @@ def test_under_torch_compile_the_graph_holds_f_linear(onednn_calls):
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
-def test_torch_func_transforms_match_nn_linear(onednn_calls):
-    """torch.func's grad and vmap see the same function as nn.Linear's."""
-    from torch.func import functional_call, grad, vmap
-
+def _pair(in_features: int = 16, out_features: int = 8) -> tuple[Linear, torch.nn.Linear]:
     torch.manual_seed(0)
-    layer, reference = Linear(16, 8), torch.nn.Linear(16, 8)
+    layer, reference = Linear(in_features, out_features), torch.nn.Linear(in_features, out_features)
     reference.load_state_dict(layer.state_dict())
-    x = torch.randn(4, 16)
+    return layer, reference
+
+
+def test_torch_func_transforms_match_nn_linear(onednn_calls):
+    """grad, vmap, jvp and jacfwd see the same function as nn.Linear's, also on frozen layers under no_grad."""
+    from torch.func import functional_call, grad, jacfwd, jvp, vmap
+
+    layer, reference = _pair()
+    x, tangent = torch.randn(4, 16), torch.randn(4, 16)
     params = {name: p.detach() for name, p in layer.named_parameters()}
 
     def loss(params, module):
@@ -173,6 +178,84 @@ def test_torch_func_transforms_match_nn_linear(onednn_calls):
 
     ours, theirs = grad(loss)(params, layer), grad(loss)(params, reference)
     assert all(torch.allclose(ours[name], theirs[name], rtol=1e-5, atol=1e-6) for name in params)
+    layer.requires_grad_(False)
+    reference.requires_grad_(False)
     with torch.no_grad():
         mapped = vmap(lambda row: layer(row[None]))(x)
-    assert torch.allclose(mapped[:, 0], reference(x), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(mapped[:, 0], reference(x), rtol=1e-5, atol=1e-6)
+        _, ours = jvp(layer, (x,), (tangent,))
+        _, theirs = jvp(reference, (x,), (tangent,))
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6) and theirs.abs().max() > 0
+        assert torch.allclose(jacfwd(layer)(x[0]), layer.weight)
+    assert onednn_calls == []
+
+
+def test_forward_mode_ad_keeps_the_tangent(onednn_calls):
+    from torch.autograd import forward_ad
+
+    layer, reference = _pair()
+    layer.requires_grad_(False)
+    x, tangent = torch.randn(4, 16), torch.randn(4, 16)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, tangent)
+        got = forward_ad.unpack_dual(layer(dual)).tangent
+    assert got is not None and torch.allclose(got, tangent @ reference.weight.T, rtol=1e-5, atol=1e-6)
+    assert onednn_calls == []
+
+
+@needs_onednn
+def test_a_bias_the_op_cannot_read_takes_f_linear(onednn_calls):
+    """The op reads the bias as one dense vector: a strided or expanded bias would be misread."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(4, 64), torch.randn(32, 64)
+    with torch.no_grad():
+        for bias in (torch.randn(64)[::2], torch.randn(1).expand(32)):
+            assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+        assert onednn_calls == []
+        linear(x, weight, torch.randn(40)[8:])  # an offset into a dense vector is fine
+    assert len(onednn_calls) == 1
+
+
+def test_weights_elsewhere_fail_as_f_linear_does(onednn_calls):
+    layer = Linear(64, 32, device="meta")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="meta"):
+        layer(torch.randn(4, 64))
+    assert onednn_calls == []
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_tracers_and_flop_counters_see_an_aten_linear(onednn_calls):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer, reference = _pair(64, 32)
+    layer.requires_grad_(False)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, x, check_trace=False)
+        graph = torch.fx.symbolic_trace(layer)
+        with FlopCounterMode(display=False) as counter:
+            layer(x)
+        assert onednn_calls == []
+        for code in (str(traced.graph), graph.code):
+            assert "linear" in code and "mkldnn" not in code
+        assert torch.allclose(traced(x), reference(x), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(graph(x), reference(x), rtol=1e-5, atol=1e-6)
+    assert counter.get_total_flops() == 2 * 4 * 64 * 32
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_use_torch_linears_for_tools_that_match_exact_types():
+    from fivefold.configuration.gpt2 import FivefoldGPT2Config
+    from fivefold.modeling.gpt2 import FivefoldGPT2LMHeadModel
+
+    config = FivefoldGPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = FivefoldGPT2LMHeadModel(config).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        before = model(ids).logits
+        assert use_torch_linears(model) is model
+        assert not any(type(m) is Linear for m in model.modules())
+        assert type(model.model.layers[0].attn.q_proj) is torch.nn.Linear
+        assert torch.equal(model(ids).logits, before)
+        quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    assert isinstance(quantized.model.layers[0].attn.q_proj, torch.ao.nn.quantized.dynamic.Linear)
