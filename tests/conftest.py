@@ -47,8 +47,24 @@ def converted(stock_checkpoint, tmp_path_factory):
     return make
 
 
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """Every linear through oneDNN (size thresholds at zero), and the input shape of each call that took it."""
+    calls = []
+    real = linear_module._ONEDNN_LINEAR
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(linear_module, "_ONEDNN_LINEAR", counted)
+    return calls
+
+
 @pytest.fixture(params=["as-shipped", "onednn-everywhere"])
-def linear_path(request, monkeypatch):
+def linear_path(request):
     """Runs a test as shipped (the tiny test weights are below oneDNN's size thresholds and take F.linear) and
     again with every linear forced through oneDNN, the path the weights of a full-size model take."""
     if request.param == "as-shipped":
@@ -56,15 +72,6 @@ def linear_path(request, monkeypatch):
         return
     if not linear_module.ONEDNN_AVAILABLE:
         pytest.skip("this torch build has no oneDNN")
-    calls = []
-    real = linear_module._ONEDNN_LINEAR
-
-    def counted(*args):
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
-    monkeypatch.setattr(linear_module, "_ONEDNN_LINEAR", counted)
+    calls = request.getfixturevalue("onednn_calls")
     yield request.param
     assert calls, "no linear took the oneDNN path"

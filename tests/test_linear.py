@@ -7,26 +7,9 @@ from torch.nn import functional as F
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.verify import compare
-from fivefold.modeling import linear as linear_module
 from fivefold.modeling.linear import ONEDNN_AVAILABLE, Linear, linear, use_torch_linears, uses_onednn
 
 needs_onednn = pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
-
-
-@pytest.fixture
-def onednn_calls(monkeypatch):
-    """Every shape through oneDNN (no size threshold), and a count of the calls that took that path."""
-    calls = []
-    real = linear_module._ONEDNN_LINEAR
-
-    def counted(*args):
-        calls.append(args[0].shape)
-        return real(*args)
-
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WORK", 0)
-    monkeypatch.setattr(linear_module, "ONEDNN_MIN_WEIGHT", 0)
-    monkeypatch.setattr(linear_module, "_ONEDNN_LINEAR", counted)
-    return calls
 
 
 @needs_onednn
