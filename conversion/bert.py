@@ -1,5 +1,10 @@
 """Public BERT checkpoints (`bert.` prefix on head models, none on `BertModel` and in legacy files)."""
 
+from fivefold.configuration.bert import FivefoldBertConfig
+from fivefold.modeling import bert as modeling
+
+from .architecture import Architecture
+from .inputs import text_sample
 from .keymap import KeyMap, legacy_norm_names, renames
 
 # The encoder layout shared by BERT and RoBERTa: stock name under `bert.`/`roberta.` -> ours under `model.`.
@@ -33,3 +38,43 @@ BERT_HEADS = {
 }
 
 BERT_KEYS = KeyMap(renames(ENCODER_BASE), renames(BERT_HEADS), legacy=legacy_norm_names)
+
+# A tiny stock config for the demo and tests (vocab 99, hidden 32, 2 layers, intermediate 37).
+TINY_TEXT_ENCODER = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=64, type_vocab_size=2,
+)  # fmt: skip
+
+# google-bert/bert-base-uncased's config.json: the fields that set its shapes.
+BERT_BASE_UNCASED = dict(
+    vocab_size=30522,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+    pad_token_id=0,
+    hidden_act="gelu",
+    layer_norm_eps=1e-12,
+)  # fmt: skip
+
+ARCHITECTURE = Architecture(
+    stock_model_type="bert",
+    stock_prefix="bert",
+    config_class=FivefoldBertConfig,
+    models={
+        "AutoModel": modeling.FivefoldBertModel,
+        "AutoModelForMaskedLM": modeling.FivefoldBertForMaskedLM,
+        "AutoModelForPreTraining": modeling.FivefoldBertForPreTraining,
+        "AutoModelForNextSentencePrediction": modeling.FivefoldBertForNextSentencePrediction,
+        "AutoModelForSequenceClassification": modeling.FivefoldBertForSequenceClassification,
+        "AutoModelForTokenClassification": modeling.FivefoldBertForTokenClassification,
+        "AutoModelForQuestionAnswering": modeling.FivefoldBertForQuestionAnswering,
+        "AutoModelForMultipleChoice": modeling.FivefoldBertForMultipleChoice,
+    },
+    keys=lambda config: BERT_KEYS,
+    tiny=TINY_TEXT_ENCODER,
+    public={"google-bert/bert-base-uncased": BERT_BASE_UNCASED},
+    sample_inputs=text_sample,
+)

@@ -12,6 +12,9 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PretrainedConfig, PreTrainedModel
 
+from fivefold.architectures import architecture_for_model_type
+from fivefold.conversion.architecture import stock_class_name
+
 from .checkpoint import (
     CheckpointReader,
     atomic_folder,
@@ -28,13 +31,6 @@ from .remote_code import write_remote_code
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _NOT_CONFIG = ("auto_map", "transformers_version", "architectures", "model_type", "_name_or_path", "custom_pipelines")
-
-
-def _architecture_for_model_type(model_type: str):
-    # The architecture table imports this package's key maps, so it is looked up at call time.
-    from fivefold.architectures import architecture_for_model_type
-
-    return architecture_for_model_type(model_type)
 
 
 def resolve_source(src: str | os.PathLike) -> Path:
@@ -65,7 +61,7 @@ def read_config(folder: Path) -> dict:
 
 def architecture_of(config: dict, folder: Path, want_stock: bool):
     try:
-        arch = _architecture_for_model_type(config["model_type"])
+        arch = architecture_for_model_type(config["model_type"])
     except KeyError as e:
         raise ConversionError(f"{folder / 'config.json'}: {e.args[0]}") from None
     is_stock = config["model_type"] == arch.stock_model_type
@@ -122,19 +118,19 @@ def our_prefix(arch, target) -> str:
     return "" if target is arch.base_model else target.base_model_prefix
 
 
-def stock_name_of(arch, target, our_key: str) -> str:
+def stock_name_of(arch, target, config, our_key: str) -> str:
     try:
-        plan = arch.keys.plan([our_key], arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan([our_key], arch.stock_prefix, our_prefix(arch, target), inverse=True)
         return plan.steps[0].targets[plan.steps[0].sources.index(our_key)]
     except (ConversionError, IndexError, ValueError):
         return our_key
 
 
-def stock_names_of(arch, target, our_keys: list[str]) -> list[str]:
+def stock_names_of(arch, target, config, our_keys: list[str]) -> list[str]:
     """The stock names of our tensors, in order, without repeats: fused stock tensors (GPT-2's c_attn holding
     q, k and v) are found only from their whole group, so the keys are planned together first."""
     try:
-        plan = arch.keys.plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
         named = {
             source: step.targets[min(i, len(step.targets) - 1)]
             for step in plan.steps
@@ -142,7 +138,7 @@ def stock_names_of(arch, target, our_keys: list[str]) -> list[str]:
         }
     except (ConversionError, IndexError, ValueError):
         named = {}
-    return list(dict.fromkeys(named.get(k) or stock_name_of(arch, target, k) for k in our_keys))
+    return list(dict.fromkeys(named.get(k) or stock_name_of(arch, target, config, k) for k in our_keys))
 
 
 def known_tensors(arch, target, config) -> dict[str, set[tuple]]:
@@ -204,7 +200,7 @@ def check_tensors(
             )
     missing = sorted(set(expected) - set(shapes) - set(tied))
     if strict and missing:
-        names = stock_names_of(arch, target, missing) if stock_names else missing
+        names = stock_names_of(arch, target, config, missing) if stock_names else missing
         listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise ConversionError(f"{len(names)} tensor(s) missing from the checkpoint for {target.__name__}: {listed}")
     return tied
@@ -321,7 +317,7 @@ def convert(
     config = build_config(arch, stock, target, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
     _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     _check_aliases(plan, reader)
     _drop_tied_copies(plan, reader, config, tied)
@@ -351,8 +347,6 @@ def export(
     progress: bool = True,
 ) -> Path:
     """Writes a fivefold checkpoint back in the stock layout (the inverse key map: a lossless round trip)."""
-    from fivefold.architectures import stock_class_name
-
     dst = check_destination(dst, force)
     folder = resolve_source(src)
     ours = read_config(folder)
@@ -364,7 +358,7 @@ def export(
     dtypes = {k: reader.dtype(k) for k in reader.keys()}
     check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
     stock_prefix = "" if target is arch.base_model else arch.stock_prefix
-    plan = arch.keys.plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
+    plan = arch.keys(config).plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
 
     with atomic_folder(dst, force) as tmp:
@@ -394,7 +388,7 @@ def open_stock_checkpoint(cls: type[PreTrainedModel], name_or_path, user_config:
     if stock is None or not stock.get("model_type"):
         return None
     try:
-        arch = _architecture_for_model_type(stock["model_type"])
+        arch = architecture_for_model_type(stock["model_type"])
     except KeyError:
         return None
     if stock["model_type"] != arch.stock_model_type:
@@ -413,7 +407,7 @@ def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[
     config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys.plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
     check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
     _check_aliases(plan, reader)
     state, get = {}, checked_getter(reader)

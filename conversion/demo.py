@@ -7,6 +7,9 @@ from pathlib import Path
 import torch
 import transformers
 
+from fivefold.architectures import ARCHITECTURES
+
+from .architecture import stock_class_name
 from .convert import convert
 from .samples import build_stock_checkpoint
 from .verify import compare
@@ -19,8 +22,6 @@ def _auto_class_for(arch, stock_class: str) -> str:
 
 
 def run_demo(print_fn=print) -> bool:
-    from fivefold.architectures import ARCHITECTURES, stock_class_name
-
     transformers.utils.logging.disable_progress_bar()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fivefold-demo-") as tmp:

@@ -5,6 +5,11 @@ GPT-2's Conv1D stores weights as (in, out); our Linears store (out, in), so ever
 the fused `c_attn` is split into q/k/v.
 """
 
+from fivefold.configuration.gpt2 import FivefoldGPT2Config
+from fivefold.modeling import gpt2 as modeling
+
+from .architecture import Architecture
+from .inputs import causal_text_sample
 from .keymap import KeyMap, Rule, renames
 
 GPT2_BASE = [
@@ -33,3 +38,36 @@ GPT2_BASE = [
 GPT2_HEADS = renames({"lm_head": "lm_head", "score": "score", "classifier": "classifier"})
 
 GPT2_KEYS = KeyMap(GPT2_BASE, GPT2_HEADS)
+
+# Special ids below the random tokens of the samples, so that no real token reads as padding or the end.
+TINY_GPT2 = dict(
+    vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+# openai-community/gpt2's config.json: the fields that set its shapes.
+GPT2_124M = dict(
+    vocab_size=50257,
+    n_positions=1024,
+    n_embd=768,
+    n_layer=12,
+    n_head=12,
+    bos_token_id=50256,
+    eos_token_id=50256,
+)  # fmt: skip
+
+ARCHITECTURE = Architecture(
+    stock_model_type="gpt2",
+    stock_prefix="transformer",
+    config_class=FivefoldGPT2Config,
+    models={
+        "AutoModel": modeling.FivefoldGPT2Model,
+        "AutoModelForCausalLM": modeling.FivefoldGPT2LMHeadModel,
+        "AutoModelForSequenceClassification": modeling.FivefoldGPT2ForSequenceClassification,
+        "AutoModelForTokenClassification": modeling.FivefoldGPT2ForTokenClassification,
+    },
+    keys=lambda config: GPT2_KEYS,
+    tiny=TINY_GPT2,
+    public={"openai-community/gpt2": GPT2_124M},
+    sample_inputs=causal_text_sample,
+)

@@ -5,6 +5,11 @@ plain rename. Sharded files are read through their index like any other checkpoi
 import torch
 from torch import nn
 
+from fivefold.configuration.mixtral import FivefoldMixtralConfig
+from fivefold.modeling import mixtral as modeling
+
+from .architecture import Architecture
+from .inputs import causal_text_sample
 from .keymap import KeyMap, renames
 
 MIXTRAL_BASE = {
@@ -37,3 +42,45 @@ def copy_stock_moe_block(stock: nn.Module, ours: nn.Module) -> None:
         expert.gate_proj.weight.copy_(stock.experts.gate_up_proj[e, :width])
         expert.up_proj.weight.copy_(stock.experts.gate_up_proj[e, width:])
         expert.down_proj.weight.copy_(stock.experts.down_proj[e])
+
+
+# Four experts, two per token; two key/value heads for four query heads (grouped-query attention). The expert
+# width is 40, not 37: stock's default `grouped_mm` experts on CPU need rows that are multiples of 16 bytes.
+TINY_MIXTRAL = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=40, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+# mistralai/Mixtral-8x7B-v0.1's config.json: the fields that set its shapes.
+MIXTRAL_8X7B = dict(
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-5,
+    rope_theta=1e6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)  # fmt: skip
+
+ARCHITECTURE = Architecture(
+    stock_model_type="mixtral",
+    stock_prefix="model",
+    config_class=FivefoldMixtralConfig,
+    models={
+        "AutoModel": modeling.FivefoldMixtralModel,
+        "AutoModelForCausalLM": modeling.FivefoldMixtralForCausalLM,
+        "AutoModelForSequenceClassification": modeling.FivefoldMixtralForSequenceClassification,
+    },
+    keys=lambda config: MIXTRAL_KEYS,
+    tiny=TINY_MIXTRAL,
+    public={"mistralai/Mixtral-8x7B-v0.1": MIXTRAL_8X7B},
+    sample_inputs=causal_text_sample,
+)

@@ -4,8 +4,12 @@ The fused projections are split: `Wqkv` holds [query, key, value]; `Wi` holds [i
 act(input) * gate, so its first half is our `gate_proj` (the activated one) and its second our `up_proj`.
 """
 
+from fivefold.configuration.modernbert import FivefoldModernBertConfig
+from fivefold.modeling import modernbert as modeling
+
+from .architecture import Architecture
+from .inputs import text_sample
 from .keymap import KeyMap, Rule, renames
-from .samples import text_sample
 
 MODERNBERT_BASE = [
     *renames(
@@ -42,3 +46,48 @@ def modernbert_sample(config, stock_class: str, seed: int = 0) -> dict:
     inputs = text_sample(config, stock_class, seed)
     inputs.pop("token_type_ids")
     return inputs
+
+
+# Three layers (global, local, global) in the public checkpoints' legacy form, a local window of 4 positions (the
+# sample rows are longer), distinct rotary bases.
+TINY_MODERNBERT = dict(
+    vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+    max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4, global_rope_theta=10000.0,
+    local_rope_theta=100.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+)  # fmt: skip
+
+# answerdotai/ModernBERT-base's config.json: the fields that set its shapes.
+MODERNBERT_BASE = dict(
+    vocab_size=50368,
+    hidden_size=768,
+    num_hidden_layers=22,
+    num_attention_heads=12,
+    intermediate_size=1152,
+    max_position_embeddings=8192,
+    global_attn_every_n_layers=3,
+    local_attention=128,
+    global_rope_theta=160000.0,
+    local_rope_theta=10000.0,
+    pad_token_id=50283,
+    norm_bias=False,
+    attention_bias=False,
+    mlp_bias=False,
+)  # fmt: skip
+
+ARCHITECTURE = Architecture(
+    stock_model_type="modernbert",
+    stock_prefix="model",
+    config_class=FivefoldModernBertConfig,
+    models={
+        "AutoModel": modeling.FivefoldModernBertModel,
+        "AutoModelForMaskedLM": modeling.FivefoldModernBertForMaskedLM,
+        "AutoModelForSequenceClassification": modeling.FivefoldModernBertForSequenceClassification,
+        "AutoModelForTokenClassification": modeling.FivefoldModernBertForTokenClassification,
+        "AutoModelForQuestionAnswering": modeling.FivefoldModernBertForQuestionAnswering,
+        "AutoModelForMultipleChoice": modeling.FivefoldModernBertForMultipleChoice,
+    },
+    keys=lambda config: MODERNBERT_KEYS,
+    tiny=TINY_MODERNBERT,
+    public={"answerdotai/ModernBERT-base": MODERNBERT_BASE},
+    sample_inputs=modernbert_sample,
+)

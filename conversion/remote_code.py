@@ -13,6 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from fivefold.architectures import architecture_for_config
+
 _RELATIVE_FROM = re.compile(r"^(\s*)from\s+(\.+[\w.]*)\s+import\b", re.MULTILINE)
 
 
@@ -62,8 +64,6 @@ def flatten_source(module_name: str, source: str) -> str:
 
 def auto_map_for(config_class: type) -> dict[str, str]:
     """Every Auto class fivefold registers for this config, as `flat_module.Class` references."""
-    from fivefold.architectures import architecture_for_config
-
     arch = architecture_for_config(config_class)
     entries = {"AutoConfig": config_class, **arch.models}
     return {auto: f"{flat_module_name(cls.__module__)}.{cls.__name__}" for auto, cls in entries.items()}
@@ -71,8 +71,6 @@ def auto_map_for(config_class: type) -> dict[str, str]:
 
 def write_remote_code(folder: str | Path, config_class: type) -> dict[str, str]:
     """Writes the flat code for `config_class`'s architecture into `folder`; returns the config's `auto_map`."""
-    from fivefold.architectures import architecture_for_config
-
     arch = architecture_for_config(config_class)
     folder = Path(folder)
     for name, source in shipped_modules(config_class, *arch.models.values()).items():

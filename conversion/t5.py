@@ -1,11 +1,13 @@
 """Public T5 checkpoints (t5-small ... t5-11b, t5-v1_1, flan-t5): no prefix; `shared` plus copies of it in each
 stack's `embed_tokens` and (v1.0) `lm_head`; the relative position bias lives in block 0 of each stack."""
 
-from collections.abc import Iterable
-
 import torch
 
-from .keymap import KeyMap, Plan, renames
+from fivefold.configuration.t5 import FivefoldT5Config
+from fivefold.modeling import t5 as modeling
+
+from .architecture import Architecture
+from .keymap import KeyMap, renames
 
 BIAS = "relative_attention_bias"
 
@@ -52,22 +54,13 @@ def _base(gated: bool) -> dict[str, str | None]:
 T5_HEADS = {"lm_head": "lm_head"}
 
 
-class T5KeyMap(KeyMap):
-    """Both directions name our up projection `mlp.up_proj`, but stock calls it `wi` in v1.0 and `wi_1` in v1.1.
-    Which flavour a checkpoint is shows in its keys (a gate projection or not), so the rules are chosen per plan."""
-
-    def __init__(self):
-        super().__init__(renames(_base(gated=False)), renames(T5_HEADS))
-        self.gated = KeyMap(renames(_base(gated=True)), renames(T5_HEADS))
-
-    def plan(self, keys: Iterable[str], stock_prefix: str, our_prefix: str, inverse: bool = False) -> Plan:
-        keys = list(keys)
-        if any(".DenseReluDense.wi_0." in k or ".mlp.gate_proj." in k for k in keys):
-            return self.gated.plan(keys, stock_prefix, our_prefix, inverse)
-        return super().plan(keys, stock_prefix, our_prefix, inverse)
+# Both maps name our up projection `mlp.up_proj`; stock calls it `wi` in v1.0 and `wi_1` in v1.1 (gated).
+T5_KEYS = KeyMap(renames(_base(gated=False)), renames(T5_HEADS))
+T5_GATED_KEYS = KeyMap(renames(_base(gated=True)), renames(T5_HEADS))
 
 
-T5_KEYS = T5KeyMap()
+def t5_keys(config) -> KeyMap:
+    return T5_GATED_KEYS if config.is_gated_act else T5_KEYS
 
 
 def t5_sample(config, stock_class: str, seed: int = 0) -> dict:
@@ -86,3 +79,51 @@ def t5_sample(config, stock_class: str, seed: int = 0) -> dict:
     else:
         inputs["decoder_input_ids"] = targets
     return inputs
+
+
+# Unequal depths, few buckets and a short max distance, so that every bucket range is exercised.
+TINY_T5 = dict(
+    vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+)  # fmt: skip
+
+# google-t5/t5-small's config.json: the fields that set its shapes.
+T5_SMALL = dict(
+    vocab_size=32128,
+    d_model=512,
+    d_kv=64,
+    d_ff=2048,
+    num_layers=6,
+    num_heads=8,
+    feed_forward_proj="relu",
+    decoder_start_token_id=0,
+)  # fmt: skip
+
+# google/flan-t5-base's config.json: the fields that set its shapes.
+FLAN_T5_BASE = dict(
+    vocab_size=32128,
+    d_model=768,
+    d_kv=64,
+    d_ff=2048,
+    num_layers=12,
+    num_decoder_layers=12,
+    num_heads=12,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+    decoder_start_token_id=0,
+)  # fmt: skip
+
+ARCHITECTURE = Architecture(
+    stock_model_type="t5",
+    stock_prefix="",  # public T5 files have no prefix
+    config_class=FivefoldT5Config,
+    models={
+        "AutoModel": modeling.FivefoldT5Model,
+        "AutoModelForSeq2SeqLM": modeling.FivefoldT5ForConditionalGeneration,
+        "AutoModelForTextEncoding": modeling.FivefoldT5EncoderModel,
+    },
+    keys=t5_keys,
+    tiny=TINY_T5,
+    public={"google-t5/t5-small": T5_SMALL, "google/flan-t5-base": FLAN_T5_BASE},
+    sample_inputs=t5_sample,
+)

@@ -1,51 +1,34 @@
 """fivefold: the five Transformer families from one block, as a plugin for Hugging Face transformers.
 
-Importing fivefold registers every fivefold config and model with transformers' Auto classes.
+Importing fivefold registers every fivefold config and model with transformers' Auto classes, and exports them:
+`fivefold.FivefoldBertConfig`, `fivefold.FivefoldBertForMaskedLM`, ... (the architecture table lists them once).
 """
 
-import transformers
-
-from fivefold.architectures import ARCHITECTURES
-from fivefold.configuration import (
-    FivefoldBertConfig,
-    FivefoldGPT2Config,
-    FivefoldMixtralConfig,
-    FivefoldModernBertConfig,
-    FivefoldRobertaConfig,
-    FivefoldT5Config,
-    FivefoldViTConfig,
-)
-from fivefold.conversion import ConversionError, convert, export
-from fivefold.conversion.errors import CheckpointWarning
-from fivefold.modeling import *  # noqa: F403
-from fivefold.modeling import __all__ as _modeling_names
+from fivefold import conversion
+from fivefold.architectures import ARCHITECTURES, register
+from fivefold.conversion import CheckpointWarning, ConversionError, convert, export
+from fivefold.modeling.pretrained import FivefoldPreTrainedModel
 from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
 
+# Models convert stock checkpoints and ship their code through the converter; modeling code never imports it
+# (the converter imports the models), and code shipped inside a checkpoint runs without it.
+FivefoldPreTrainedModel.converter = conversion
 
-def _register() -> None:
-    for arch in ARCHITECTURES:
-        transformers.AutoConfig.register(arch.model_type, arch.config_class, exist_ok=True)
-        for auto_name, model_class in arch.models.items():
-            getattr(transformers, auto_name).register(arch.config_class, model_class, exist_ok=True)
-
-
-_register()
+_classes = {}
+for _arch in ARCHITECTURES:
+    register(_arch)
+    for _cls in (_arch.config_class, _arch.pretrained_class, *_arch.models.values()):
+        _classes[_cls.__name__] = _cls
+globals().update(_classes)
 
 __all__ = [
     "CheckpointWarning",
     "ConversionError",
     "DataCollatorForSpanCorruption",
-    "FivefoldBertConfig",
-    "FivefoldModernBertConfig",
-    "FivefoldGPT2Config",
-    "FivefoldMixtralConfig",
-    "FivefoldRobertaConfig",
-    "FivefoldT5Config",
-    "FivefoldViTConfig",
     "__version__",
     "convert",
     "export",
-    *_modeling_names,
+    *sorted(_classes),
 ]

@@ -2,7 +2,7 @@
 shipped code, and loading stock checkpoints directly."""
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 from transformers import PreTrainedModel
@@ -12,17 +12,12 @@ from .moe import TopKRouter
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
-def _fivefold_conversion():
-    """The installed fivefold converter, or None when this file runs as remote code without fivefold installed
-    (then only checkpoints already in fivefold's layout exist, and transformers ships the code itself)."""
-    try:
-        import fivefold.conversion as conversion
-    except ImportError:
-        return None
-    return conversion
-
-
 class FivefoldPreTrainedModel(PreTrainedModel):
+    # fivefold's converter (`fivefold.conversion`), set when fivefold is imported: it converts stock checkpoints
+    # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
+    # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
+    converter: ClassVar[Any] = None
+
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
     # It is guarded, so it never overwrites a loaded tensor. Non-persistent buffers are rebuilt below: meta
@@ -38,10 +33,9 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
-        conversion = _fivefold_conversion()
-        if conversion is not None and pretrained_model_name_or_path is not None:
+        if cls.converter is not None and pretrained_model_name_or_path is not None:
             user_config = kwargs.get("config")
-            stock = conversion.open_stock_checkpoint(cls, pretrained_model_name_or_path, user_config)
+            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, user_config)
             if stock is not None:
                 kwargs.pop("config", None)
                 with stock as (config, state_dict):
@@ -53,10 +47,9 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         stock transformers loads the folder with `trust_remote_code=True`."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
-        conversion = _fivefold_conversion()
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
-        if conversion is not None and self._auto_class is None and kwargs.get("is_main_process", True):
+        if self.converter is not None and self._auto_class is None and kwargs.get("is_main_process", True):
             os.makedirs(save_directory, exist_ok=True)
             # Written before the weights so that push_to_hub uploads the code too.
-            self.config.auto_map = conversion.write_remote_code(save_directory, type(self.config))
+            self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
         super().save_pretrained(save_directory, *args, **kwargs)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from fivefold.conversion.samples import causal_text_sample
+from fivefold.conversion.inputs import causal_text_sample
 from fivefold.modeling.decoder import CACHE_FIELD
 from fivefold.modeling.gpt2 import FivefoldGPT2LMHeadModel
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import fivefold
 from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
-from fivefold.conversion.samples import causal_text_sample, left_padded, text_inputs
+from fivefold.conversion.inputs import causal_text_sample, left_padded, text_inputs
 from fivefold.conversion.verify import compare, verify
 from fivefold.modeling.gpt2 import FivefoldGPT2LMHeadModel, FivefoldGPT2Model
 
@@ -168,7 +168,7 @@ def test_public_size_conversion_is_complete(stock_class):
         shapes[f"h.{layer}.attn.masked_bias"] = ()
     target = arch.class_named(stock_class)
     config = build_config(arch, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = arch.keys.plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
     accounted = {s for step in plan.steps for s in step.sources} | set(plan.dropped) | {a for a, _ in plan.aliases}

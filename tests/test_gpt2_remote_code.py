@@ -8,7 +8,7 @@ import textwrap
 import torch
 import transformers
 
-from fivefold.conversion.samples import causal_text_sample
+from fivefold.conversion.inputs import causal_text_sample
 
 REMOTE_GENERATE = textwrap.dedent(
     """

@@ -4,7 +4,7 @@ import torch
 import transformers
 
 import fivefold
-from fivefold.conversion.samples import text_inputs
+from fivefold.conversion.inputs import text_inputs
 from fivefold.modeling.attention import AttentionSpec
 from fivefold.modeling.block import Block, BlockSpec
 from fivefold.modeling.feedforward import FeedForwardSpec

@@ -48,7 +48,7 @@ def test_public_size_conversion_is_complete(model_type, fields, stock_class, leg
         assert any(k.endswith("gamma") for k in shapes)
     target = arch.class_named(stock_class)
     config = build_config(arch, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = arch.keys.plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
 

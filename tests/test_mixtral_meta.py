@@ -42,7 +42,7 @@ def test_mixtral_8x7b_conversion_is_complete(stock_class):
 
     target = arch.class_named(stock_class)
     config = build_config(arch, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = arch.keys.plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
 

@@ -11,7 +11,8 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 
 import fivefold
 from fivefold import FivefoldMixtralConfig, FivefoldMixtralForCausalLM
-from fivefold.conversion.samples import build_stock_checkpoint, causal_text_sample
+from fivefold.conversion.inputs import causal_text_sample
+from fivefold.conversion.samples import build_stock_checkpoint
 from fivefold.conversion.verify import verify
 from fivefold.modeling.moe import router_z_loss
 

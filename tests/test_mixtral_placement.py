@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 from transformers.integrations.accelerate import _get_device_map
 
 from fivefold import FivefoldMixtralConfig, FivefoldMixtralForCausalLM
-from fivefold.conversion.samples import causal_text_sample
+from fivefold.conversion.inputs import causal_text_sample
 
 
 def _split_layer_map(config, on_disk: set[int]) -> dict[str, str]:

@@ -197,7 +197,7 @@ def test_public_size_conversion_is_complete(stock_class):
     shapes = {k: tuple(v.shape) for k, v in stock.state_dict().items()}
     target = ARCH.class_named(stock_class)
     config = build_config(ARCH, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = ARCH.keys.plan(shapes, ARCH.stock_prefix, our_prefix(ARCH, target))
+    plan = ARCH.keys(config).plan(shapes, ARCH.stock_prefix, our_prefix(ARCH, target))
     produced, tied = check_plan(ARCH, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
     accounted = {s for step in plan.steps for s in step.sources} | set(plan.dropped) | {a for a, _ in plan.aliases}

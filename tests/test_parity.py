@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
-from fivefold.conversion.samples import text_inputs
+from fivefold.conversion.inputs import text_inputs
 from fivefold.conversion.verify import compare
 
 HEADS = [(arch.stock_model_type, stock_class_name(cls)) for arch in ARCHITECTURES for cls in arch.models.values()]

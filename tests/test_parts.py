@@ -7,8 +7,8 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 
 import fivefold
 from fivefold.conversion import ConversionError
+from fivefold.conversion.inputs import text_inputs
 from fivefold.conversion.keymap import TRANSFORMS, KeyMap, Rule, renames
-from fivefold.conversion.samples import text_inputs
 from fivefold.modeling.attention import Attention, AttentionSpec
 from fivefold.modeling.feedforward import FeedForwardSpec, build_feedforward
 from fivefold.modeling.norms import RMSNorm, build_norm
@@ -204,7 +204,7 @@ def test_rotary_matches_stock_and_survives_meta_loading():
     with torch.device("meta"):
         table = RotaryEmbedding(16, 5e4)
     table.to_empty(device="cpu")
-    model = fivefold.FivefoldBertModel(fivefold.FivefoldBertConfig(**fivefold.architectures.TINY_TEXT_ENCODER))
+    model = fivefold.FivefoldBertModel(fivefold.FivefoldBertConfig(**fivefold.conversion.bert.TINY_TEXT_ENCODER))
     model._init_weights(table)
     torch.testing.assert_close(table.inv_freq, RotaryEmbedding(16, 5e4).inv_freq)
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import fivefold
-from fivefold.conversion.samples import text_inputs
+from fivefold.conversion.inputs import text_inputs
 
 REMOTE_LOAD = textwrap.dedent(
     """

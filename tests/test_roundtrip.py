@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import fivefold
-from fivefold.conversion.samples import text_inputs
+from fivefold.conversion.inputs import text_inputs
 from fivefold.conversion.verify import verify
 
 

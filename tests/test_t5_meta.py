@@ -34,7 +34,7 @@ def test_public_size_conversion_is_complete(fields, stock_class, params):
         shapes["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = (32, fields["num_heads"])
     target = arch.class_named(stock_class)
     config = build_config(arch, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = arch.keys.plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
 

@@ -9,7 +9,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from fivefold.architectures import ARCHITECTURES
-from fivefold.conversion.samples import text_inputs
+from fivefold.conversion.inputs import text_inputs
 from fivefold.modeling.padding import PackedSequences
 
 TOL = 1e-4

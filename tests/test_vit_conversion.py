@@ -15,7 +15,8 @@ from test_remote_code import _remote_logits
 import fivefold
 from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
-from fivefold.conversion.samples import build_stock_checkpoint, image_inputs
+from fivefold.conversion.inputs import image_inputs
+from fivefold.conversion.samples import build_stock_checkpoint
 
 LABELS = ["cat", "dog", "bird", "fish", "frog"]
 
@@ -131,7 +132,7 @@ def test_public_size_conversion_is_complete(stock_class):
     assert shapes[f"{prefix}embeddings.position_embeddings"] == (1, 197, 768)
     target = arch.class_named(stock_class)
     config = build_config(arch, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = arch.keys.plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
     produced, _ = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
     accounted = {s for step in plan.steps for s in step.sources} | set(plan.dropped)

@@ -7,7 +7,7 @@ import transformers
 from huggingface_hub.errors import StrictDataclassClassValidationError
 
 import fivefold
-from fivefold.conversion.samples import image_inputs
+from fivefold.conversion.inputs import image_inputs
 from fivefold.conversion.verify import compare
 
 TOL = 1e-4

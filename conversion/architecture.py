@@ -1,0 +1,49 @@
+"""What fivefold knows of one architecture: the row its key-map file declares (`ARCHITECTURE`) and the table in
+`fivefold.architectures` lists by name. A leaf module: it imports nothing of fivefold but the key-map type."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig, PreTrainedModel
+
+from .keymap import KeyMap
+
+
+@dataclass(frozen=True)
+class Architecture:
+    stock_model_type: str  # model_type of the public checkpoints
+    stock_prefix: str  # base_model_prefix of the stock head classes ("" where the public files have none)
+    config_class: type[PretrainedConfig]
+    models: dict[str, type[PreTrainedModel]]  # transformers Auto class name -> our class
+    keys: Callable[[PretrainedConfig], KeyMap]  # the key map for a config of this architecture
+    # A tiny stock config for the demo and tests (vocab 99, hidden 32, 2 layers, intermediate 37).
+    tiny: dict
+    # Hub id -> the fields of that public checkpoint's config.json that set its shapes (meta tests, benchmarks).
+    public: dict[str, dict]
+    # (stock config, stock class name, seed) -> a batch for that class, used by `verify`, `demo` and tests.
+    sample_inputs: Callable[..., dict]
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+    @property
+    def base_model(self) -> type[PreTrainedModel]:
+        return self.models["AutoModel"]
+
+    @property
+    def pretrained_class(self) -> type[PreTrainedModel]:
+        """The architecture's common base (`FivefoldBertPreTrainedModel`), as stock has `BertPreTrainedModel`."""
+        return self.base_model.__bases__[0]
+
+    def class_named(self, name: str) -> type[PreTrainedModel]:
+        """Our class for a stock class name (`BertForMaskedLM`) or one of ours (`FivefoldBertForMaskedLM`)."""
+        for cls in self.models.values():
+            if name in (cls.__name__, stock_class_name(cls)):
+                return cls
+        valid = ", ".join(stock_class_name(c) for c in self.models.values())
+        raise KeyError(f"{name!r} is not supported for {self.stock_model_type}; supported: {valid}")
+
+
+def stock_class_name(cls: type) -> str:
+    return cls.__name__.removeprefix("Fivefold")
