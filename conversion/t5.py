@@ -17,7 +17,7 @@ def _stack(stack: str, decoder: bool, gated: bool) -> dict[str, str | None]:
     ours = f"{stack}.layers.{{}}"
     ff = 2 if decoder else 1  # the decoder's layer 1 is cross-attention
     rules = {
-        f"{stack}.embed_tokens": f"{stack}.embed_tokens",
+        f"{stack}.embed_tokens": f"{stack}.embeddings.word_embeddings",
         f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias": f"{stack}.relative_bias.{BIAS}",
         f"{block}.0.SelfAttention.q": f"{ours}.attn.q_proj",
         f"{block}.0.SelfAttention.k": f"{ours}.attn.k_proj",
@@ -26,7 +26,7 @@ def _stack(stack: str, decoder: bool, gated: bool) -> dict[str, str | None]:
         f"{block}.0.layer_norm": f"{ours}.norm_before_attn",
         f"{block}.{ff}.DenseReluDense.wo": f"{ours}.mlp.down_proj",
         f"{block}.{ff}.layer_norm": f"{ours}.norm_before_mlp",
-        f"{stack}.final_layer_norm": f"{stack}.final_norm",
+        f"{stack}.final_layer_norm": f"{stack}.norm",
     }
     if gated:  # v1.1 / FLAN: gelu(wi_0) * wi_1
         rules |= {f"{block}.{ff}.DenseReluDense.wi_0": f"{ours}.mlp.gate_proj"}

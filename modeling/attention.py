@@ -1,17 +1,16 @@
-"""Multi-head attention: projections and position scheme here, the kernel chosen by transformers' interface.
+"""Multi-head attention: projections and position scheme here, the kernel chosen in kernels.py.
 
-Shapes: B batch, T query time, S key time, C channels, H query heads, K key/value heads, D head dim.
+Shapes: B batch, T time, S key positions, C channels, H query heads, K key/value heads, D head dim.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .kernels import attention_kernel
 from .linear import Linear
-from .padding import PackedSequences, packed_attention
+from .padding import PackedSequences
 from .rotary import RotaryPositions
 
 
@@ -27,51 +26,18 @@ class AttentionSpec:
     is_causal: bool = False
     scaling: float | None = None  # None: 1/sqrt(head_dim)
     positions: str = "absolute"  # key in POSITIONS: how queries and keys learn where they are
+    rotary_theta: float | None = None  # the rotary base, for positions="rotary"
+    window: int | None = None  # a sliding window: keys at most this many positions from the query; None: all
 
-
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, K, S, D] -> [B, K * groups, S, D], each key/value head serving `groups` query heads."""
-    if groups == 1:
-        return x
-    b, k, s, d = x.shape
-    return x[:, :, None].expand(b, k, groups, s, d).reshape(b, k * groups, s, d)
-
-
-def causal_bool_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """[1, 1, T, S], True where query i may see key j (queries are the last T of S positions)."""
-    offset = k_len - q_len
-    q_pos = torch.arange(q_len, device=device)[:, None] + offset
-    return (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
-
-
-def eager_attention(
-    module: nn.Module,
-    query: torch.Tensor,  # [B, H, T, D]
-    key: torch.Tensor,  # [B, K, S, D]
-    value: torch.Tensor,  # [B, K, S, D]
-    attention_mask: torch.Tensor | None,  # bool [B, 1, T, S] (True = attend) or additive float, or None
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    key = repeat_kv(key, module.num_key_value_groups)
-    value = repeat_kv(value, module.num_key_value_groups)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
-    if attention_mask is None and module.is_causal and query.shape[2] > 1:
-        attention_mask = causal_bool_mask(query.shape[2], key.shape[2], query.device)
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + attention_mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, D]
-    return out, weights
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"unknown positions {self.positions!r}; valid: {', '.join(sorted(POSITIONS))}")
+        if (self.positions == "rotary") != (self.rotary_theta is not None):
+            raise ValueError("rotary positions need a rotary_theta, and only they take one")
 
 
 class AbsolutePositions(nn.Module):
-    """Positions already live in the embeddings: queries and keys pass through unchanged."""
+    """Positions already live in the embeddings (or a bias in the mask): queries and keys pass unchanged."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, position_embeddings: object = None):
         return query, key
@@ -101,6 +67,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
         self.positions = POSITIONS[spec.positions]()
+        self.rotary_theta = spec.rotary_theta  # the stack builds one (cos, sin) table per distinct base
 
     def forward(
         self,
@@ -124,15 +91,12 @@ class Attention(nn.Module):
         query: torch.Tensor,  # [B, H, T, D]
         key: torch.Tensor,  # [B, K, S, D]
         value: torch.Tensor,  # [B, K, S, D]
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | PackedSequences | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The kernel the user selected, then the output projection: [B, T, C] and the weights (eager only)."""
+        """The kernel for this call, then the output projection: [B, T, C] and the weights (eager only)."""
         b, _, t, _ = query.shape
-        kernel: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
-        if isinstance(attention_mask, PackedSequences):
-            kernel = packed_attention
-        out, weights = kernel(
+        out, weights = attention_kernel(self.config, attention_mask)(
             self,
             query,
             key,

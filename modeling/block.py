@@ -4,7 +4,7 @@ A recipe fills four norm slots: pre-norm models use the `before` ones, post-norm
 the unused slots are `nn.Identity()`, so `forward` never branches on the architecture. A decoder that reads an
 encoder (T5) also gets a cross-attention sub-layer with its own norm slots, run when encoder states are passed.
 
-Shapes: B batch, T time, S encoder time, C channels.
+Shapes: B batch, T time, S key positions (the encoder's time, for cross-attention), C channels.
 """
 
 from dataclasses import dataclass
@@ -14,14 +14,16 @@ from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention, AttentionSpec, CrossAttention
-from .feedforward import FeedForwardSpec, build_feedforward
+from .feedforward import FeedForwardSpec
+from .moe import MoESpec
 from .norms import build_norm
+from .parts import build_feedforward
 
 
 @dataclass(frozen=True)
 class BlockSpec:
     attention: AttentionSpec
-    feedforward: FeedForwardSpec
+    feedforward: FeedForwardSpec | MoESpec  # its `kind` is a key in parts.FEEDFORWARDS
     norm: str  # key in NORMS
     norm_eps: float
     prenorm: bool

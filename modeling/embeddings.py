@@ -1,5 +1,5 @@
-"""Token embeddings: word + learned absolute position + token type, then norm and dropout. A model without
-absolute positions (rotary) or token types sets that table's size to 0.
+"""Token embeddings: word + token type + learned absolute position, then norm and dropout. Every text model's
+embeddings are this part; a recipe leaves out the tables it has none of (None).
 
 Shapes: B batch, T time, C channels.
 """
@@ -16,14 +16,14 @@ from .norms import build_norm
 class EmbeddingSpec:
     vocab_size: int
     hidden_size: int
-    pad_token_id: int | None
-    max_positions: int  # 0: no position table (positions live in attention)
-    type_vocab_size: int  # 0: no token types
-    norm: str
-    norm_eps: float
-    dropout: float
-    # RoBERTa numbers positions from pad_token_id + 1 and gives padding the padding position.
-    positions_after_padding: bool = False
+    padding_idx: int | None = None  # the word table's padding row (kept at zero, no gradient); None: none
+    max_positions: int | None = None  # a learned absolute position table; None: positions live in attention
+    type_vocab_size: int | None = None  # a token-type table; None: no token types
+    token_types_from_words: bool = False  # token_type_ids index the word table, added last (GPT-2)
+    positions_after_padding: bool = False  # positions count from padding_idx + 1, padding keeps it (RoBERTa)
+    norm: str = "none"  # key in NORMS
+    norm_eps: float = 1e-12
+    dropout: float = 0.0
 
 
 def sequential_position_ids(batch: int, length: int, start: int, device: torch.device) -> torch.Tensor:
@@ -66,25 +66,26 @@ class TokenEmbeddings(nn.Module):
     def __init__(self, spec: EmbeddingSpec):
         super().__init__()
         self.spec = spec
-        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.pad_token_id)
-        position_padding = spec.pad_token_id if spec.positions_after_padding else None
+        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.padding_idx)
+        position_padding = spec.padding_idx if spec.positions_after_padding else None
         self.position_embeddings = (
             nn.Embedding(spec.max_positions, spec.hidden_size, padding_idx=position_padding)
-            if spec.max_positions
+            if spec.max_positions is not None
             else None
         )
         self.token_type_embeddings = (
-            nn.Embedding(spec.type_vocab_size, spec.hidden_size) if spec.type_vocab_size else None
+            nn.Embedding(spec.type_vocab_size, spec.hidden_size) if spec.type_vocab_size is not None else None
         )
         self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
         self.dropout = nn.Dropout(spec.dropout)
 
     def position_ids(self, input_ids: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+        """[B, T]: the positions of a sequence read from its start (RoBERTa's follow the padding)."""
         if not self.spec.positions_after_padding:
             return sequential_position_ids(batch, length, 0, device)
         if input_ids is not None:
-            return padding_aware_position_ids(input_ids, self.spec.pad_token_id)
-        return sequential_position_ids(batch, length, self.spec.pad_token_id + 1, device)
+            return padding_aware_position_ids(input_ids, self.spec.padding_idx)
+        return sequential_position_ids(batch, length, self.spec.padding_idx + 1, device)
 
     def forward(
         self,
@@ -109,11 +110,14 @@ class TokenEmbeddings(nn.Module):
             else:
                 check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and bool(token_type_ids.ne(0).any()):
+        elif token_type_ids is not None and not self.spec.token_types_from_words and bool(token_type_ids.ne(0).any()):
             raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
         if self.position_embeddings is not None:
             if position_ids is None:
                 position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)
-            check_position_ids(position_ids, self.spec.max_positions)
+            check_position_ids(position_ids, self.position_embeddings.num_embeddings)
             hidden = hidden + self.position_embeddings(position_ids)
+        if self.spec.token_types_from_words and token_type_ids is not None:
+            check_token_ids(token_type_ids, self.word_embeddings.num_embeddings)
+            hidden = hidden + self.word_embeddings(token_type_ids)
         return self.dropout(self.norm(hidden))

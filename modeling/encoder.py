@@ -1,62 +1,25 @@
-"""The bidirectional encoder stack: embeddings -> blocks -> final norm (-> pooler).
+"""The bidirectional encoder: the shared stack over text (BERT, RoBERTa, ModernBERT) or image patches (ViT).
 
-An architecture supplies `recipe(config) -> EncoderRecipe`; everything else here is shared.
+An architecture supplies `recipe(config) -> Recipe` (its stack and its task heads); everything else is shared,
+the task models included (encoder_tasks.py).
 
-Unpadded execution: when a batch has padding, the real tokens are packed once after the inputs are read
+Unpadded execution: when a text batch has padding, the real tokens are packed once after the inputs are read
 ([B, T] -> [1, N]), every layer runs on them, attention stays within each sequence (padding.py), and the padded
-layout comes back only at the output, with zeros at padded positions. `config.unpad_inputs = False` turns it off.
-It applies with the sdpa and flash kernels; eager (the reference, and the one that returns attention weights) and
-flex run padded. Hidden states recorded with `output_hidden_states` are returned in the padded layout.
+layout comes back only at the output, with zeros at padded positions. `config.unpad_inputs = False` turns it off;
+kernels.unpads says when it applies. Hidden states recorded with `output_hidden_states` come back padded too.
 
-Shapes: B batch, T time, C channels.
+Shapes: B batch, T time, N tokens (the real ones, packed), C channels, Ch image channels, Hi image height,
+Wi image width.
 """
 
-from dataclasses import dataclass
-
 import torch
-from torch import nn
-from transformers.masking_utils import create_bidirectional_mask, sliding_window_bidirectional_overlay
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
-from transformers.utils.generic import is_flash_attention_requested
+from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.utils.output_capturing import _active_collector, capture_outputs
 
-from .attention import Attention
-from .block import Block, BlockSpec
-from .embeddings import EmbeddingSpec, TokenEmbeddings
-from .heads import Pooler
-from .norms import build_norm
+from .kernels import bidirectional_masks, check_attention_mask, unpads
 from .padding import PackedSequences
 from .pretrained import FivefoldPreTrainedModel
-from .rotary import RotaryEmbedding
-
-# Kernels the packed path replaces; eager and flex keep the padded layout.
-UNPADDED_KERNELS = ("sdpa",)
-
-
-@dataclass(frozen=True)
-class EncoderRecipe:
-    embeddings: EmbeddingSpec
-    blocks: tuple[BlockSpec, ...]
-    final_norm: str  # "none" for post-norm stacks
-    norm_eps: float
-    lm_head_act: str  # activation inside the masked-LM head
-    lm_head_norm: str
-    sequence_classifier: str  # key in heads.SEQUENCE_CLASSIFIERS
-    classifier_dropout: float  # before the sequence and token classifiers
-    multiple_choice_dropout: float  # before the multiple-choice scorer
-    # Per block, aligned with `blocks` (empty: every block attends globally / has no rotary positions).
-    windows: tuple[int | None, ...] = ()  # a sliding window: keys within this many positions of the query
-    rotary_thetas: tuple[float, ...] = ()  # the rotary base of each block's attention
-
-
-def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int) -> None:
-    """A [B, T] padding mask must match the inputs; a ready-made 4D mask is passed through as in stock."""
-    if attention_mask is None or attention_mask.dim() == 4:
-        return
-    if tuple(attention_mask.shape) != (batch, length):
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, seq_len) = {(batch, length)}"
-        )
+from .stack import Recipe, Stack
 
 
 def pad_captured_hidden_states(packed: PackedSequences) -> None:
@@ -69,73 +32,34 @@ def pad_captured_hidden_states(packed: PackedSequences) -> None:
 
 
 class EncoderPreTrainedModel(FivefoldPreTrainedModel):
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _supports_attention_backend = True
-    _no_split_modules = ["TokenEmbeddings", "Block"]
-    _can_record_outputs = {"hidden_states": Block, "attentions": Attention}
-
     @staticmethod
-    def recipe(config) -> EncoderRecipe:
+    def recipe(config) -> Recipe:
         raise NotImplementedError("an encoder architecture defines recipe(config)")
 
 
-class EncoderModel(EncoderPreTrainedModel):
-    def __init__(self, config, add_pooling_layer: bool = True):
-        super().__init__(config)
-        recipe = self.recipe(config)
-        self.embeddings = TokenEmbeddings(recipe.embeddings)
-        self.layers = nn.ModuleList(Block(config, spec, i) for i, spec in enumerate(recipe.blocks))
-        self.norm = build_norm(recipe.final_norm, config.hidden_size, recipe.norm_eps)
-        self.pooler = Pooler(config.hidden_size) if add_pooling_layer else None
-        self.windows = recipe.windows or (None,) * len(recipe.blocks)
-        # One rotary table per distinct base; each block reads the one of its own base.
-        thetas = sorted(set(recipe.rotary_thetas))
-        self.rotary = nn.ModuleList(RotaryEmbedding(self.layers[0].attn.head_dim, theta) for theta in thetas)
-        self.rotary_of_block = [thetas.index(theta) for theta in recipe.rotary_thetas]
+class EncoderStack(EncoderPreTrainedModel, Stack):
+    def __init__(self, config, add_pooling_layer: bool | None = None):
+        super().__init__(config, self.recipe(config).stack, add_pooling_layer)
         self.post_init()
 
-    def unpads(self, attention_mask: torch.Tensor | None) -> bool:
-        """Whether this call runs on packed tokens: a [B, T] mask with padding, and a kernel that benefits (sdpa,
-        flash: neither returns attention weights; eager, which does, keeps the padded layout)."""
-        if not getattr(self.config, "unpad_inputs", True) or attention_mask is None or attention_mask.dim() != 2:
-            return False
-        implementation = self.config._attn_implementation
-        if implementation not in UNPADDED_KERNELS and not is_flash_attention_requested(
-            requested_attention_implementation=implementation
-        ):
-            return False
-        real = int(attention_mask.bool().sum())
-        return 0 < real < attention_mask.numel()
+    def encode(
+        self,
+        hidden: torch.Tensor,  # [B, T, C] or [1, N, C]
+        attention_mask: torch.Tensor | None,  # [B, T]
+        position_ids: torch.Tensor | None,  # [B, T] or [1, N]
+        packed: PackedSequences | None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, T, C], pooled [B, C] or None
+        masks = bidirectional_masks(self.config, hidden, attention_mask, self.windows, packed)
+        hidden = self.norm(self.run_blocks(hidden, masks, position_ids, **kwargs))
+        if packed is not None:
+            hidden = packed.pad(hidden)
+            pad_captured_hidden_states(packed)
+        return hidden, self.pooler(hidden) if self.pooler is not None else None
 
-    def attention_masks(self, hidden: torch.Tensor, attention_mask, packed: PackedSequences | None) -> list:
-        """One mask per block, built once per distinct window (a PackedSequences when unpadded)."""
-        masks = {}
-        for window in set(self.windows):
-            if packed is not None:
-                masks[window] = packed.with_window(window)
-                continue
-            overlay = None if window is None else sliding_window_bidirectional_overlay(window)
-            masks[window] = create_bidirectional_mask(
-                config=self.config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
-            )
-        return [masks[window] for window in self.windows]
 
-    def layer_kwargs(self, index: int, packed: PackedSequences | None) -> dict:
-        """Flash kernels take a block's sliding window as an argument rather than from the mask."""
-        window = self.windows[index]
-        if window is None or packed is not None or not is_flash_attention_requested(config=self.config):
-            return {}
-        return {"sliding_window": window + 1}  # transformers' flash kernels count w as w - 1 positions each side
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embeddings.word_embeddings = value
+class EncoderModel(EncoderStack):
+    """Text: input_ids (or embeddings) -> token embeddings -> the stack."""
 
     @capture_outputs
     def forward(
@@ -154,21 +78,32 @@ class EncoderModel(EncoderPreTrainedModel):
         check_attention_mask(attention_mask, batch, length)
         if position_ids is None:
             position_ids = self.embeddings.position_ids(input_ids, batch, length, device)  # [B, T]
-
-        packed = PackedSequences.from_mask(attention_mask) if self.unpads(attention_mask) else None
+        packed = PackedSequences.from_mask(attention_mask) if unpads(self.config, attention_mask) else None
         if packed is not None:  # [B, T, ...] -> [1, N, ...] from here to the output
             input_ids, token_type_ids, position_ids, inputs_embeds = (
                 packed.unpad(x) for x in (input_ids, token_type_ids, position_ids, inputs_embeds)
             )
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C] or [1, N, C]
-        masks = self.attention_masks(hidden, attention_mask, packed)
-        tables = [rotary(position_ids, hidden.dtype) for rotary in self.rotary]
-        for i, layer in enumerate(self.layers):
-            positions = tables[self.rotary_of_block[i]] if self.rotary_of_block else None
-            hidden = layer(hidden, masks[i], positions, **self.layer_kwargs(i, packed), **kwargs)
-        hidden = self.norm(hidden)
-        if packed is not None:
-            hidden = packed.pad(hidden)
-            pad_captured_hidden_states(packed)
-        pooled = self.pooler(hidden) if self.pooler is not None else None  # [B, C]
+        hidden, pooled = self.encode(hidden, attention_mask, position_ids, packed, **kwargs)
         return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=hidden, pooler_output=pooled)
+
+
+class ImageEncoderModel(EncoderStack):
+    """Images: pixel_values -> patch embeddings ([CLS] and one token per patch) -> the stack."""
+
+    def get_input_embeddings(self) -> torch.nn.Conv2d:
+        return self.embeddings.patch_proj
+
+    # hidden_states[-1] is the last block's output before the final norm, as in stock ViT.
+    @capture_outputs(tie_last_hidden_states=False)
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,  # [B, Ch, Hi, Wi]
+        interpolate_pos_encoding: bool | None = None,  # True: accept image sizes other than config.image_size
+        attention_mask: torch.Tensor | None = None,  # [B, T], 1 = attend (rarely used: every patch is real)
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        hidden = self.embeddings(pixel_values, bool(interpolate_pos_encoding))  # [B, T, C]
+        check_attention_mask(attention_mask, hidden.shape[0], hidden.shape[1])
+        hidden, pooled = self.encode(hidden, attention_mask, None, None, **kwargs)
+        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled)

@@ -68,18 +68,3 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))
-
-
-def _mixture_of_experts(spec) -> nn.Module:
-    from .moe import MixtureOfExperts  # imported here: its experts are this file's GatedFeedForward
-
-    return MixtureOfExperts(spec)
-
-
-FEEDFORWARDS = {"dense": DenseFeedForward, "gated": GatedFeedForward, "moe": _mixture_of_experts}
-
-
-def build_feedforward(spec) -> nn.Module:  # a FeedForwardSpec, or a moe.MoESpec (kind "moe")
-    if spec.kind not in FEEDFORWARDS:
-        raise ValueError(f"unknown feed-forward {spec.kind!r}; valid: {', '.join(sorted(FEEDFORWARDS))}")
-    return FEEDFORWARDS[spec.kind](spec)

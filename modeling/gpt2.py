@@ -13,15 +13,16 @@ from ..configuration.gpt2 import FivefoldGPT2Config
 from .attention import AttentionSpec
 from .block import Block, BlockSpec
 from .decoder import (
-    DecoderEmbeddingSpec,
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     DecoderForTokenClassification,
     DecoderModel,
     DecoderPreTrainedModel,
-    DecoderRecipe,
 )
+from .embeddings import EmbeddingSpec
 from .feedforward import FeedForwardSpec
+from .heads import HeadSpec
+from .stack import Recipe, StackSpec
 
 # The same function as one fused kernel: "gelu_new" is the tanh GELU written as seven elementwise ops, each a
 # separate dispatch on every layer of every decoding step.
@@ -34,7 +35,7 @@ def gpt2_attention_scale(config, layer_idx: int) -> float:
     return scale / (layer_idx + 1) if config.scale_attn_by_inverse_layer_idx else scale
 
 
-def gpt2_recipe(config) -> DecoderRecipe:
+def gpt2_recipe(config) -> Recipe:
     def block(layer_idx: int) -> BlockSpec:
         return BlockSpec(
             attention=AttentionSpec(
@@ -56,22 +57,32 @@ def gpt2_recipe(config) -> DecoderRecipe:
             dropout=config.resid_pdrop,
         )
 
-    classifier_dropout = getattr(config, "classifier_dropout", None)
-    if classifier_dropout is None:
-        classifier_dropout = getattr(config, "hidden_dropout", None)
-    return DecoderRecipe(
-        embeddings=DecoderEmbeddingSpec(
-            vocab_size=config.vocab_size,
-            hidden_size=config.n_embd,
-            padding_idx=None,
-            max_positions=config.n_positions,
-            dropout=config.embd_pdrop,
-            token_types_from_words=True,
+    token_dropout = next(
+        (
+            p
+            for p in (getattr(config, "classifier_dropout", None), getattr(config, "hidden_dropout", None))
+            if p is not None
         ),
-        blocks=tuple(block(i) for i in range(config.n_layer)),
-        final_norm="layernorm",
-        norm_eps=config.layer_norm_epsilon,
-        classifier_dropout=classifier_dropout if classifier_dropout is not None else 0.1,
+        0.1,
+    )
+    return Recipe(
+        stack=StackSpec(
+            embeddings=EmbeddingSpec(
+                vocab_size=config.vocab_size,
+                hidden_size=config.n_embd,
+                max_positions=config.n_positions,
+                token_types_from_words=True,
+                dropout=config.embd_pdrop,
+            ),
+            blocks=tuple(block(i) for i in range(config.n_layer)),
+            norm="layernorm",
+            norm_eps=config.layer_norm_epsilon,
+        ),
+        heads={
+            "causal_lm": HeadSpec(at="lm_head", bias=False),
+            "sequence_classification": HeadSpec(pool="last_real", at="score", bias=False),
+            "token_classification": HeadSpec(dropout=token_dropout, at="classifier"),
+        },
     )
 
 

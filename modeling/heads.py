@@ -1,7 +1,17 @@
-"""Task heads shared by the encoder families.
+"""The task-head layer every model shares: pool -> transform -> dropout -> projection, on tensors.
 
-Shapes: B batch, T time, C channels, V vocabulary, L labels.
+A head pools the backbone's states (by name, from `POOLS`), optionally transforms them (dense -> activation ->
+norm), drops out and projects. Its modules are named as the checkpoint layout has them: the transform's `dense`
+and `norm` are the head's own children, and `HeadSpec.at` says where the projection lives, either inside the head
+(`lm_head.decoder`: the head is the task model's `lm_head`, its projection `decoder`) or beside it in the task
+model (`classifier`: the head is the task model's `head`, the task model projects what it returns; tasks.py).
+A pooler is a head without a projection (`at=""`).
+
+Shapes: B batch, T time, C channels, O head outputs (labels, vocabulary).
 """
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -11,64 +21,102 @@ from .linear import Linear
 from .norms import build_norm
 
 
-class Pooler(nn.Module):
-    """dense + activation (tanh unless configured) on the first token: BERT's and ViT's `pooler_output`."""
+def every_token(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    return hidden  # [B, T, C]
 
-    def __init__(self, hidden_size: int, out_size: int | None = None, act: str = "tanh"):
+
+def pooler_output(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    if pooled is None:
+        raise ValueError("this head reads the pooler output, and the backbone was built without a pooler")
+    return pooled  # [B, C]
+
+
+def first_token(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    return hidden[:, 0]  # [B, C]: the [CLS] position
+
+
+def first_real_token(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    """The first non-padding token of each row, so that left padding is allowed."""
+    if mask is None:
+        return hidden[:, 0]
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.argmax(dim=-1)]
+
+
+def mean_of_tokens(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return hidden.mean(dim=1)
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+def last_real_token(hidden: torch.Tensor, mask: torch.Tensor | None, pooled: torch.Tensor | None) -> torch.Tensor:
+    """The rightmost non-padding token of each row (left or right padding); the last position without a mask."""
+    if mask is None:
+        return hidden[:, -1]
+    steps = torch.arange(mask.shape[-1], device=mask.device, dtype=torch.int32)
+    last = (steps * mask.int()).argmax(-1)  # [B]
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+
+
+POOLS: dict[str, Callable[..., torch.Tensor]] = {
+    "none": every_token,
+    "pooler": pooler_output,
+    "first": first_token,
+    "first_real": first_real_token,
+    "mean": mean_of_tokens,
+    "last_real": last_real_token,
+}
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """dense -> activation -> norm, before a head's projection (or as the whole of a pooler)."""
+
+    activation: str  # key in transformers' ACT2FN
+    norm: str = "none"  # key in NORMS
+    norm_eps: float = 1e-12
+    bias: bool = True
+    out_size: int | None = None  # None: the model width
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    pool: str = "none"  # key in POOLS
+    transform: TransformSpec | None = None
+    dropout: float = 0.0  # after the transform, before the projection
+    input_dropout: float = 0.0  # before the transform (RoBERTa's classifier drops out twice)
+    at: str = ""  # where the projection lives: "lm_head.decoder" (inside), "classifier" (beside), "" (none)
+    bias: bool = True  # on the projection
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOLS:
+            raise ValueError(f"unknown pool {self.pool!r}; valid: {', '.join(sorted(POOLS))}")
+
+
+class Head(nn.Module):
+    """The head of a spec. `out_features` sizes the projection when it lives inside the head."""
+
+    def __init__(self, spec: HeadSpec, hidden_size: int, out_features: int | None = None):
         super().__init__()
-        self.dense = Linear(hidden_size, out_size or hidden_size)
-        self.act = activation(act)
+        self.spec = spec
+        self.pool = POOLS[spec.pool]
+        self.input_dropout = nn.Dropout(spec.input_dropout)
+        t = spec.transform
+        width = hidden_size if t is None or t.out_size is None else t.out_size
+        self.dense = Linear(hidden_size, width, bias=t.bias) if t is not None else nn.Identity()
+        self.act = activation(t.activation) if t is not None else nn.Identity()
+        self.norm = build_norm(t.norm, width, t.norm_eps) if t is not None else nn.Identity()
+        self.dropout = nn.Dropout(spec.dropout)
+        self.projection = spec.at.partition(".")[2]  # "" where the head has none of its own
+        if self.projection:
+            self.add_module(self.projection, Linear(width, out_features, bias=spec.bias))
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, C] (or [B, out_size])
-        return self.act(self.dense(hidden_states[:, 0]))
-
-
-class MaskedLMHead(nn.Module):
-    """dense -> activation -> norm -> decoder (weight tied to the word embeddings when configured)."""
-
-    def __init__(self, hidden_size: int, vocab_size: int, act: str, norm: str, norm_eps: float, bias: bool = True):
-        super().__init__()
-        self.dense = Linear(hidden_size, hidden_size, bias=bias)
-        self.act = activation(act)
-        self.norm = build_norm(norm, hidden_size, norm_eps)
-        self.decoder = Linear(hidden_size, vocab_size, bias=bias)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, V]
-        return self.decoder(self.norm(self.act(self.dense(hidden_states))))
-
-
-class PooledClassifier(Linear):
-    """dropout -> linear on the pooler output (BERT)."""
-
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
-        super().__init__(hidden_size, num_labels)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, outputs) -> torch.Tensor:  # pooler_output [B, C] -> [B, L]
-        return super().forward(self.dropout(outputs.pooler_output))
-
-
-class FirstTokenClassifier(nn.Module):
-    """dropout -> dense -> tanh -> dropout -> out_proj on the first token (RoBERTa)."""
-
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.dense = Linear(hidden_size, hidden_size)
-        self.out_proj = Linear(hidden_size, num_labels)
-
-    def forward(self, outputs) -> torch.Tensor:  # last_hidden_state [B, T, C] -> [B, L]
-        x = self.dropout(outputs.last_hidden_state[:, 0])
-        x = self.dropout(torch.tanh(self.dense(x)))
-        return self.out_proj(x)
-
-
-SEQUENCE_CLASSIFIERS = {"pooled": PooledClassifier, "first_token": FirstTokenClassifier}
-# Which classifiers read `pooler_output`, so the base model must build its pooler.
-CLASSIFIERS_NEEDING_POOLER = {"pooled"}
-
-
-def build_sequence_classifier(kind: str, hidden_size: int, num_labels: int, dropout: float) -> nn.Module:
-    if kind not in SEQUENCE_CLASSIFIERS:
-        raise ValueError(f"unknown sequence classifier {kind!r}; valid: {', '.join(sorted(SEQUENCE_CLASSIFIERS))}")
-    return SEQUENCE_CLASSIFIERS[kind](hidden_size, num_labels, dropout)
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B, T, C]
+        mask: torch.Tensor | None = None,  # [B, T], 1 = token: what the pool counts as real
+        pooled: torch.Tensor | None = None,  # [B, C], the backbone's pooler output
+    ) -> torch.Tensor:  # [B, (T,) O] with a projection inside, else [B, (T,) C]
+        x = self.pool(hidden, mask, pooled)
+        x = self.dropout(self.norm(self.act(self.dense(self.input_dropout(x)))))
+        return getattr(self, self.projection)(x) if self.projection else x

@@ -5,41 +5,42 @@ The recipe maps the stock `MixtralConfig` fields onto shared parts; the classes 
 The router logits of every layer are recorded (`output_router_logits`) and turned into Mixtral's
 load-balancing loss (plus an optional router z-loss), added to the LM loss when labels are given.
 
-Shapes: B batch, T time, N tokens (B*T), E experts.
+Shapes: B batch, T time, P cached steps, N tokens (B * T), E experts.
 """
 
 import torch
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
-from transformers.utils.output_capturing import OutputRecorder
 
 from ..configuration.mixtral import FivefoldMixtralConfig
 from .attention import Attention, AttentionSpec
 from .block import Block, BlockSpec
 from .decoder import (
-    DecoderEmbeddingSpec,
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     DecoderModel,
     DecoderPreTrainedModel,
-    DecoderRecipe,
-    RotarySpec,
 )
+from .embeddings import EmbeddingSpec
+from .heads import HeadSpec
 from .moe import MoESpec, TopKRouter, load_balancing_loss, router_z_loss
+from .stack import Recipe, StackSpec
 
 
-def mixtral_recipe(config) -> DecoderRecipe:
-    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+def mixtral_recipe(config) -> Recipe:
     block = BlockSpec(
         attention=AttentionSpec(
             hidden_size=config.hidden_size,
             num_heads=config.num_attention_heads,
             num_kv_heads=config.num_key_value_heads,
-            head_dim=head_dim,
+            head_dim=config.head_dim or config.hidden_size // config.num_attention_heads,
             bias=False,
             out_bias=False,
             dropout=config.attention_dropout,
             is_causal=True,
             positions="rotary",
+            rotary_theta=config.rope_parameters["rope_theta"],
+            # `sliding_window` counts the query itself: keys up to sliding_window - 1 positions before it.
+            window=config.sliding_window - 1 if config.sliding_window is not None else None,
         ),
         feedforward=MoESpec(
             hidden_size=config.hidden_size,
@@ -53,19 +54,19 @@ def mixtral_recipe(config) -> DecoderRecipe:
         norm_eps=config.rms_norm_eps,
         prenorm=True,
     )
-    return DecoderRecipe(
-        embeddings=DecoderEmbeddingSpec(
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            padding_idx=config.pad_token_id,
-            max_positions=None,
-            dropout=0.0,
+    return Recipe(
+        stack=StackSpec(
+            embeddings=EmbeddingSpec(
+                vocab_size=config.vocab_size, hidden_size=config.hidden_size, padding_idx=config.pad_token_id
+            ),
+            blocks=(block,) * config.num_hidden_layers,
+            norm="rmsnorm",
+            norm_eps=config.rms_norm_eps,
         ),
-        blocks=(block,) * config.num_hidden_layers,
-        final_norm="rmsnorm",
-        norm_eps=config.rms_norm_eps,
-        rotary=RotarySpec(head_dim=head_dim, theta=config.rope_parameters["rope_theta"]),
-        sliding_window=config.sliding_window,
+        heads={
+            "causal_lm": HeadSpec(at="lm_head", bias=False),
+            "sequence_classification": HeadSpec(pool="last_real", at="score", bias=False),
+        },
     )
 
 
@@ -73,12 +74,8 @@ class FivefoldMixtralPreTrainedModel(DecoderPreTrainedModel):
     config: FivefoldMixtralConfig
     recipe = staticmethod(mixtral_recipe)
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
-    _no_split_modules = ["DecoderEmbeddings", "Attention", "GatedFeedForward"]
-    _can_record_outputs = {
-        "hidden_states": Block,
-        "attentions": Attention,
-        "router_logits": OutputRecorder(TopKRouter, index=0),
-    }
+    _no_split_modules = ["TokenEmbeddings", "Attention", "GatedFeedForward"]
+    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": TopKRouter}
 
 
 class FivefoldMixtralModel(FivefoldMixtralPreTrainedModel, DecoderModel):

@@ -5,8 +5,8 @@ different devices: each expert's output is moved back to where the layer combine
 layout (`experts.{e}.gate_proj/up_proj/down_proj`) never depends on the placement. Tokens are dispatched grouped
 by expert (one sort, one host sync for the group sizes) and experts that received no token are skipped.
 
-Shapes: B batch, T time, C channels, N tokens (B*T), E experts, K experts per token, A assignments (N*K),
-F expert width.
+Shapes: B batch, T time, C channels, N tokens (B * T), E experts, R experts per token, A assignments,
+F inner width.
 """
 
 from dataclasses import dataclass
@@ -33,20 +33,20 @@ class MoESpec:
             raise ValueError(f"top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
 
 
-class TopKRouter(nn.Module):
-    """Mixtral's routing: softmax over all experts in fp32, keep the top k, renormalise them to sum to one."""
+class TopKRouter(nn.Linear):
+    """Mixtral's routing: a linear layer scoring every expert (`router.weight` [E, C], no bias), then softmax over
+    all experts in fp32, the top k kept and renormalised to sum to one. Its forward is the linear layer's, so that
+    tools that adapt linear layers (LoRA) and output recorders (the router logits) see the scores."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int):
-        super().__init__()
+        super().__init__(hidden_size, num_experts, bias=False)
         self.top_k = top_k
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))  # initialised by role in _init_weights
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # x: [N, C] -> logits [N, E] (recorded for the auxiliary losses), weights [N, K] fp32, experts [N, K]
-        logits = F.linear(x, self.weight)
-        probs = torch.softmax(logits.float(), dim=-1)
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [N, C] -> weights [N, R] fp32, experts [N, R]
+        probs = torch.softmax(self(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        return logits, weights / weights.sum(dim=-1, keepdim=True), experts
+        return weights / weights.sum(dim=-1, keepdim=True), experts
 
 
 class MixtureOfExperts(nn.Module):
@@ -62,11 +62,11 @@ class MixtureOfExperts(nn.Module):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
         if self.training and self.jitter_noise > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-        _, weights, experts = self.router(x)  # on the router's device, which a device_map may choose
+        weights, experts = self.router.route(x)  # on the router's device, which a device_map may choose
         return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x: [N, C], weights/experts: [N, K] -> [N, C], each token the weighted sum of its experts' outputs."""
+        """x: [N, C], weights/experts: [N, R] -> [N, C], each token the weighted sum of its experts' outputs."""
         flat = experts.reshape(-1)  # [A]
         order = flat.argsort(stable=True)  # [A], assignments grouped by expert
         token = order // self.top_k  # [A], the token of each grouped assignment

@@ -1,11 +1,10 @@
 """Unpadded execution: a padded batch packed into its real tokens, and attention that stays inside each sequence.
 
 An encoder packs once after reading its inputs, runs every layer on the packed tokens, and pads once at the output.
-Attention receives a `PackedSequences` in place of a mask and calls `packed_attention`: flash-attention's varlen
-kernel when a flash implementation is selected, otherwise one sdpa call per sequence (measured fastest on CPU,
-see benchmarks/encoders.py).
+Attention receives a `PackedSequences` in place of a mask and runs `kernels.packed_attention`.
 
-Shapes: B batch, T padded time, N real tokens in the batch, C channels, H query heads, K key/value heads, D head dim.
+Shapes: B batch, T time (padded), N tokens (the real ones, packed), C channels, H query heads,
+K key/value heads, D head dim.
 """
 
 from dataclasses import dataclass, field, replace
@@ -13,8 +12,6 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils.generic import is_flash_attention_requested
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,49 +77,3 @@ class PackedSequences:
             band = (cols[:, None] - cols[None, :]).abs() <= self.window
             self._band_masks[(start, end)] = None if bool(band.all()) else band
         return self._band_masks[(start, end)]
-
-
-def packed_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,  # [1, H, N, D]
-    key: torch.Tensor,  # [1, K, N, D]
-    value: torch.Tensor,  # [1, K, N, D]
-    packed: PackedSequences,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Variable-length attention over packed sequences -> ([1, N, H, D], no weights)."""
-    implementation = module.config._attn_implementation
-    if is_flash_attention_requested(requested_attention_implementation=implementation):
-        # transformers' flash kernels count a window of w as w - 1 positions each side.
-        window = None if packed.window is None else packed.window + 1
-        return ALL_ATTENTION_FUNCTIONS[implementation](
-            module,
-            query,
-            key,
-            value,
-            None,
-            scaling=scaling,
-            dropout=dropout,
-            sliding_window=window,
-            cu_seq_lens_q=packed.cu_seqlens,
-            cu_seq_lens_k=packed.cu_seqlens,
-            max_length_q=packed.max_seqlen,
-            max_length_k=packed.max_seqlen,
-            **kwargs,
-        )
-    grouped = query.shape[1] != key.shape[1]
-    outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
-            attn_mask=packed.band_mask(s, e),
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=grouped,
-        )
-        for s, e in packed.bounds
-    ]
-    return torch.cat(outs, dim=2).transpose(1, 2), None

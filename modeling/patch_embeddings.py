@@ -4,8 +4,8 @@ A Conv2D whose kernel and stride are the patch size cuts the image into patches 
 width; a learned [CLS] token goes in front and learned positions are added. The position table covers the
 training image size; for other sizes the patch-position grid is resized bicubically (the [CLS] position is kept).
 
-Shapes: B batch, Ch image channels, Hi/Wi image height/width in pixels, Gh/Gw patch grid, N = Gh * Gw patches,
-C channels (model width).
+Shapes: B batch, Ch image channels, Hi image height, Wi image width, Gh patch-grid height, Gw patch-grid width,
+N tokens (the Gh * Gw patches), C channels.
 """
 
 from dataclasses import dataclass

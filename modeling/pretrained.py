@@ -1,5 +1,6 @@
-"""What every fivefold model shares with transformers: weight init by role, saving under our own names with
-shipped code, and loading stock checkpoints directly."""
+"""What every fivefold model shares with transformers: the capability flags, weight init by role, saving under
+our own names with shipped code, loading stock checkpoints directly, and loading folders written by an earlier
+layout of fivefold's own names."""
 
 import os
 from typing import Any, ClassVar
@@ -8,11 +9,23 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
-from .moe import TopKRouter
+from .attention import Attention
+from .block import Block
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
 class FivefoldPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules = ["TokenEmbeddings", "PatchEmbeddings", "Block"]
+    _can_record_outputs = {"hidden_states": Block, "attentions": Attention}
+    # {regex: replacement} from the tensor names of an earlier fivefold layout to today's (re.sub on each key):
+    # folders converted before a rename still load.
+    _renamed_keys: ClassVar[dict[str, str]] = {}
     # fivefold's converter (`fivefold.conversion`), set when fivefold is imported: it converts stock checkpoints
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
@@ -27,8 +40,6 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
-        elif isinstance(module, TopKRouter):  # a bare parameter, initialised like the linear layers
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
@@ -40,6 +51,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
                 kwargs.pop("config", None)
                 with stock as (config, state_dict):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
+        if cls._renamed_keys:
+            kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:

@@ -3,7 +3,7 @@
 It is computed once per stack forward (stock T5 computes it in the first layer and hands it to the rest) and
 added to the attention scores of every layer through the additive mask.
 
-Shapes: H heads, T query time, S key time.
+Shapes: H query heads, T time, S key positions.
 """
 
 import math

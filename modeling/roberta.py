@@ -1,28 +1,45 @@
 """RoBERTa: BERT's blocks, with positions numbered after the padding index, a GELU masked-LM head and a
-first-token classification head."""
+classifier on the first token (dropout -> dense -> tanh -> dropout -> out_proj)."""
 
 import dataclasses
 
 from ..configuration.roberta import FivefoldRobertaConfig
-from .bert import bert_recipe
-from .encoder import EncoderModel, EncoderPreTrainedModel, EncoderRecipe
-from .encoder_heads import (
+from .bert import bert_recipe, classifier_dropout
+from .encoder import EncoderModel, EncoderPreTrainedModel
+from .encoder_tasks import (
     EncoderForMaskedLM,
     EncoderForMultipleChoice,
     EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
 )
+from .heads import HeadSpec, TransformSpec
+from .stack import Recipe
 
 
-def roberta_recipe(config) -> EncoderRecipe:
+def roberta_recipe(config) -> Recipe:
     bert = bert_recipe(config)
+    dropout = classifier_dropout(config)
+    masked_lm = bert.heads["masked_lm"]
+    gelu = dataclasses.replace(masked_lm.transform, activation="gelu")
     return dataclasses.replace(
         bert,
-        embeddings=dataclasses.replace(bert.embeddings, positions_after_padding=True),
-        lm_head_act="gelu",
-        sequence_classifier="first_token",
-        multiple_choice_dropout=config.hidden_dropout_prob,  # stock RoBERTa ignores classifier_dropout here
+        stack=dataclasses.replace(
+            bert.stack, embeddings=dataclasses.replace(bert.stack.embeddings, positions_after_padding=True)
+        ),
+        heads={
+            **bert.heads,
+            "masked_lm": dataclasses.replace(masked_lm, transform=gelu),
+            "sequence_classification": HeadSpec(
+                pool="first",
+                input_dropout=dropout,
+                transform=TransformSpec("tanh"),
+                dropout=dropout,
+                at="classifier.out_proj",
+            ),
+            # Stock RoBERTa's multiple-choice head ignores classifier_dropout.
+            "multiple_choice": HeadSpec(pool="pooler", dropout=config.hidden_dropout_prob, at="classifier"),
+        },
     )
 
 

@@ -1,6 +1,6 @@
 """Rotary positions: a table of cos/sin computed from position ids, and the slot that rotates queries and keys.
 
-Shapes: B batch, T time, H heads, D head dim.
+Shapes: B batch, T time, H query heads, D head dim.
 """
 
 import torch

@@ -13,18 +13,20 @@ from transformers import initialization as init
 from ..configuration.t5 import FivefoldT5Config
 from .attention import Attention, AttentionSpec
 from .block import BlockSpec
+from .embeddings import EmbeddingSpec
 from .encoder_decoder import (
     EncoderDecoderForConditionalGeneration,
     EncoderDecoderModel,
     EncoderDecoderPreTrainedModel,
     EncoderDecoderRecipe,
+    EncoderDecoderStack,
     EncoderOnlyModel,
-    Stack,
-    StackSpec,
 )
 from .feedforward import DenseFeedForward, FeedForwardSpec, GatedFeedForward
+from .heads import HeadSpec
 from .norms import RMSNorm
 from .relative_position import RelativeBiasSpec, RelativePositionBias
+from .stack import StackSpec
 
 
 def t5_stack(config, num_layers: int, causal: bool) -> StackSpec:
@@ -55,17 +57,17 @@ def t5_stack(config, num_layers: int, causal: bool) -> StackSpec:
         cross_attention=dataclasses.replace(attention, is_causal=False) if causal else None,
     )
     return StackSpec(
+        embeddings=EmbeddingSpec(vocab_size=config.vocab_size, hidden_size=config.d_model, dropout=config.dropout_rate),
         blocks=(block,) * num_layers,
+        norm="rmsnorm",
+        norm_eps=config.layer_norm_epsilon,
+        dropout=config.dropout_rate,
         relative_bias=RelativeBiasSpec(
             num_heads=config.num_heads,
             num_buckets=config.relative_attention_num_buckets,
             max_distance=config.relative_attention_max_distance,
             bidirectional=not causal,
         ),
-        causal=causal,
-        final_norm="rmsnorm",
-        norm_eps=config.layer_norm_epsilon,
-        dropout=config.dropout_rate,
     )
 
 
@@ -73,6 +75,7 @@ def t5_recipe(config) -> EncoderDecoderRecipe:
     return EncoderDecoderRecipe(
         encoder=t5_stack(config, config.num_layers, causal=False),
         decoder=t5_stack(config, config.num_decoder_layers, causal=True),
+        heads={"seq2seq_lm": HeadSpec(at="lm_head", bias=False)},
         # v1.0 ties the head to the embeddings and rescales; v1.1 (tie_word_embeddings false) does not.
         logits_scale=config.d_model**-0.5 if config.scale_decoder_outputs else 1.0,
     )
@@ -83,6 +86,11 @@ class FivefoldT5PreTrainedModel(EncoderDecoderPreTrainedModel):
     recipe = staticmethod(t5_recipe)
     # fp16 overflows in the last feed-forward projection of large T5s (stock keeps `wo` in fp32 likewise).
     _keep_in_fp32_modules = ["mlp.down_proj"]
+    # The layout before fivefold 0.2 named each stack's final norm `final_norm` and its word table `embed_tokens`.
+    _renamed_keys = {
+        r"^(encoder|decoder)\.final_norm\.": r"\1.norm.",
+        r"^(encoder|decoder)\.embed_tokens\.": r"\1.embeddings.word_embeddings.",
+    }
 
     def _init_weights(self, module: nn.Module) -> None:
         """T5's scales (mesh-tensorflow): unit embeddings, projections by fan-in, scaled by `initializer_factor`."""
@@ -109,7 +117,7 @@ class FivefoldT5PreTrainedModel(EncoderDecoderPreTrainedModel):
             init.normal_(module.lm_head.weight, std=factor)
 
 
-class FivefoldT5Stack(FivefoldT5PreTrainedModel, Stack):
+class FivefoldT5Stack(FivefoldT5PreTrainedModel, EncoderDecoderStack):
     pass
 
 

@@ -106,9 +106,9 @@ def test_config_forms_agree():
     reloaded = fivefold.FivefoldModernBertConfig.from_dict(legacy.to_dict())
     for config in (v5, reloaded):
         assert config.layer_types == legacy.layer_types and config.rope_parameters == legacy.rope_parameters
-    recipe = ARCH.base_model.recipe(legacy)
-    assert recipe.windows == (None, 4, None, 4)  # local_attention is the whole window
-    assert recipe.rotary_thetas == (1e3, 7.0, 1e3, 7.0)
+    attention = [block.attention for block in ARCH.base_model.recipe(legacy).stack.blocks]
+    assert tuple(a.window for a in attention) == (None, 4, None, 4)  # local_attention is the whole window
+    assert tuple(a.rotary_theta for a in attention) == (1e3, 7.0, 1e3, 7.0)
     with pytest.raises(StrictDataclassClassValidationError, match="layer_types"):
         fivefold.FivefoldModernBertConfig(num_hidden_layers=2, layer_types=["full_attention", "global"])
     with pytest.raises(StrictDataclassClassValidationError, match="rope_type"):

@@ -10,8 +10,9 @@ from fivefold.conversion import ConversionError
 from fivefold.conversion.inputs import text_inputs
 from fivefold.conversion.keymap import TRANSFORMS, KeyMap, Rule, renames
 from fivefold.modeling.attention import Attention, AttentionSpec
-from fivefold.modeling.feedforward import FeedForwardSpec, build_feedforward
+from fivefold.modeling.feedforward import FeedForwardSpec
 from fivefold.modeling.norms import RMSNorm, build_norm
+from fivefold.modeling.parts import build_feedforward
 
 
 def test_rmsnorm_matches_torch():

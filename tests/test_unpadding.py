@@ -10,6 +10,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from fivefold.architectures import ARCHITECTURES
 from fivefold.conversion.inputs import text_inputs
+from fivefold.modeling.kernels import unpads
 from fivefold.modeling.padding import PackedSequences
 
 TOL = 1e-4
@@ -68,7 +69,7 @@ def test_unpadded_equals_padded_forward_and_gradients(converted, model_type):
         real = inputs["attention_mask"].bool()
         expected, expected_grads = _forward_backward(padded, inputs)
         got, grads = _forward_backward(unpadded, inputs)
-        assert unpadded.unpads(inputs["attention_mask"]) == (name != "no padding"), name
+        assert unpads(unpadded.config, inputs["attention_mask"]) == (name != "no padding"), name
         assert (expected.last_hidden_state - got.last_hidden_state)[real].abs().max() <= TOL, name
         assert len(got.hidden_states) == len(expected.hidden_states) == padded.config.num_hidden_layers + 1
         for a, b in zip(expected.hidden_states, got.hidden_states, strict=True):
@@ -96,7 +97,7 @@ def test_eager_keeps_the_padded_layout_and_returns_attention_weights(converted):
     _, dst = converted("bert", "BertModel")
     model = ARCHITECTURES[0].base_model.from_pretrained(dst, attn_implementation="eager").eval()
     inputs = _batches(model.config)["ragged"]
-    assert model.config.unpad_inputs and not model.unpads(inputs["attention_mask"])
+    assert model.config.unpad_inputs and not unpads(model.config, inputs["attention_mask"])
     with torch.no_grad():
         out = model(**inputs, output_attentions=True)
     assert len(out.attentions) == model.config.num_hidden_layers and out.attentions[0].shape[-1] == 12

@@ -1,13 +1,15 @@
-"""Task models on top of an encoder, shared by every encoder architecture.
+"""Task models on top of an encoder, shared by every encoder architecture (text and images).
 
-An architecture subclasses each one in a line, naming its config and base model class.
+An architecture subclasses each one in a line, naming its config, recipe and base model class; the recipe's
+`heads` give each task its head (heads.py), so the same class serves BERT's `lm_head.decoder`, ModernBERT's
+`head` + `decoder` and a DistilBERT-like `head` + `classifier` alike.
 
-Shapes: B batch, N choices, T time, C channels, V vocabulary, L labels.
+Shapes: B batch, M choices, T time, C channels, V vocabulary, L labels, N tokens (the predicted ones).
 """
 
 import torch
-from torch import nn
 from transformers.modeling_outputs import (
+    ImageClassifierOutput,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
     NextSentencePredictorOutput,
@@ -19,9 +21,7 @@ from transformers.models.bert.modeling_bert import BertForPreTrainingOutput as F
 from transformers.utils.generic import can_return_tuple
 
 from .embeddings import check_not_empty
-from .encoder import EncoderModel, EncoderPreTrainedModel
-from .heads import CLASSIFIERS_NEEDING_POOLER, MaskedLMHead, build_sequence_classifier
-from .linear import Linear
+from .encoder import EncoderPreTrainedModel, EncoderStack
 from .losses import (
     batch_labels_shapes,
     check_labels,
@@ -30,19 +30,24 @@ from .losses import (
     span_loss,
     tokens_shape,
 )
-
-# Checkpoints often carry every head (bert-base-uncased holds pooler and NSP weights); heads that do not use
-# them ignore them quietly on load.
-UNUSED_HEAD_KEYS = [r"^model\.pooler\.", r"^nsp_head\.", r"^lm_head\."]
+from .tasks import TaskModel
 
 
-class EncoderTaskModel(EncoderPreTrainedModel):
-    base_model_class: type[EncoderModel]
+class EncoderTaskModel(EncoderPreTrainedModel, TaskModel):
+    base_model_class: type[EncoderStack]
 
-    def _encoder(self, config, add_pooling_layer: bool) -> EncoderModel:
-        return self.base_model_class(config, add_pooling_layer=add_pooling_layer)
+    def __init__(self, config):
+        super().__init__(config)
+        recipe = self.recipe(config)
+        needs_pooler = any(recipe.heads[task].pool == "pooler" for task in self.tasks)
+        self.model = self.base_model_class(config, add_pooling_layer=needs_pooler)
+        if recipe.stack.pooler is not None and not needs_pooler:  # checkpoints often carry it (bert-base-uncased)
+            self._keys_to_ignore_on_load_unexpected = [r"^model\.pooler\."]
+        self.add_heads(config, recipe.heads, config.hidden_size)
+        self.sparse_prediction = recipe.sparse_prediction
+        self.post_init()
 
-    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs):
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs):
         kwargs.pop("return_dict", None)
         return self.model(
             input_ids=input_ids,
@@ -55,32 +60,9 @@ class EncoderTaskModel(EncoderPreTrainedModel):
         )
 
 
-class MaskedLMMixin:
-    """Builds `lm_head` with the decoder tied to the word embeddings."""
-
-    _tied_weights_keys = {"lm_head.decoder.weight": "model.embeddings.word_embeddings.weight"}
-
-    def _build_lm_head(self, config) -> MaskedLMHead:
-        recipe = self.base_model_class.recipe(config)
-        return MaskedLMHead(
-            config.hidden_size, config.vocab_size, recipe.lm_head_act, recipe.lm_head_norm, recipe.norm_eps
-        )
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.lm_head.decoder = new_embeddings
-
-
-class EncoderForMaskedLM(MaskedLMMixin, EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = [r"^model\.pooler\.", r"^nsp_head\."]
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=False)
-        self.lm_head = self._build_lm_head(config)
-        self.post_init()
+class EncoderForMaskedLM(EncoderTaskModel):
+    tasks = {"masked_lm": "vocab_size"}
+    output_task = "masked_lm"
 
     @can_return_tuple
     def forward(
@@ -95,22 +77,23 @@ class EncoderForMaskedLM(MaskedLMMixin, EncoderTaskModel):
     ) -> MaskedLMOutput:
         check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         num_items = kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        hidden = out.last_hidden_state  # [B, T, C]
+        if self.sparse_prediction is not None and labels is not None:
+            # Logits only where a label is set: [N, V] for the N predicted tokens, as stock ModernBERT.
+            labels = labels.reshape(-1)
+            keep = labels != self.sparse_prediction
+            hidden, labels = hidden.reshape(labels.shape[0], -1)[keep], labels[keep]
+        logits = self.run_head("masked_lm", hidden)  # [B, T, V] or [N, V]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
-class EncoderForPreTraining(MaskedLMMixin, EncoderTaskModel):
+class EncoderForPreTraining(EncoderTaskModel):
+    tasks = {"masked_lm": "vocab_size", "next_sentence": 2}
+    output_task = "masked_lm"
     # The MLM and NSP losses have different item counts, so let Trainer average over accumulation steps.
     accepts_loss_kwargs = False
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=True)
-        self.lm_head = self._build_lm_head(config)
-        self.nsp_head = Linear(config.hidden_size, 2)
-        self.post_init()
 
     @can_return_tuple
     def forward(
@@ -127,9 +110,9 @@ class EncoderForPreTraining(MaskedLMMixin, EncoderTaskModel):
         check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         check_labels("next_sentence_label", next_sentence_label, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.lm_head(out.last_hidden_state)  # [B, T, V]
-        nsp_logits = self.nsp_head(out.pooler_output)  # [B, 2]
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.run_head("masked_lm", out.last_hidden_state)  # [B, T, V]
+        nsp_logits = self.run_head("next_sentence", out.last_hidden_state, pooled=out.pooler_output)  # [B, 2]
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss = cross_entropy(logits, labels) + cross_entropy(nsp_logits, next_sentence_label)
@@ -143,13 +126,7 @@ class EncoderForPreTraining(MaskedLMMixin, EncoderTaskModel):
 
 
 class EncoderForNextSentencePrediction(EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=True)
-        self.nsp_head = Linear(config.hidden_size, 2)
-        self.post_init()
+    tasks = {"next_sentence": 2}
 
     @can_return_tuple
     def forward(
@@ -164,8 +141,8 @@ class EncoderForNextSentencePrediction(EncoderTaskModel):
     ) -> NextSentencePredictorOutput:
         check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         num_items = kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.nsp_head(out.pooler_output)  # [B, 2]
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.run_head("next_sentence", out.last_hidden_state, pooled=out.pooler_output)  # [B, 2]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
         return NextSentencePredictorOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -173,17 +150,7 @@ class EncoderForNextSentencePrediction(EncoderTaskModel):
 
 
 class EncoderForSequenceClassification(EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = UNUSED_HEAD_KEYS
-
-    def __init__(self, config):
-        super().__init__(config)
-        recipe = self.base_model_class.recipe(config)
-        kind = recipe.sequence_classifier
-        self.model = self._encoder(config, add_pooling_layer=kind in CLASSIFIERS_NEEDING_POOLER)
-        self.classifier = build_sequence_classifier(
-            kind, config.hidden_size, config.num_labels, recipe.classifier_dropout
-        )
-        self.post_init()
+    tasks = {"sequence_classification": "num_labels"}
 
     @can_return_tuple
     def forward(
@@ -198,8 +165,8 @@ class EncoderForSequenceClassification(EncoderTaskModel):
     ) -> SequenceClassifierOutput:
         check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
         num_items = kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.classifier(out)  # [B, L]
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.run_head("sequence_classification", out.last_hidden_state, attention_mask, out.pooler_output)
         loss = sequence_classification_loss(logits, labels, self.config, num_items) if labels is not None else None
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -207,23 +174,16 @@ class EncoderForSequenceClassification(EncoderTaskModel):
 
 
 class EncoderForMultipleChoice(EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = [r"^lm_head\.", r"^nsp_head\."]
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=True)
-        self.dropout = nn.Dropout(self.base_model_class.recipe(config).multiple_choice_dropout)
-        self.classifier = Linear(config.hidden_size, 1)
-        self.post_init()
+    tasks = {"multiple_choice": 1}  # a score per choice
 
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.Tensor | None = None,  # [B, N, T]
-        attention_mask: torch.Tensor | None = None,  # [B, N, T]
+        input_ids: torch.Tensor | None = None,  # [B, M, T]
+        attention_mask: torch.Tensor | None = None,  # [B, M, T]
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,  # [B, N, T, C]
+        inputs_embeds: torch.Tensor | None = None,  # [B, M, T, C]
         labels: torch.Tensor | None = None,  # [B], index of the right choice
         **kwargs,
     ) -> MultipleChoiceModelOutput:
@@ -232,18 +192,15 @@ class EncoderForMultipleChoice(EncoderTaskModel):
         num_items = kwargs.pop("num_items_in_batch", None)
         choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
-        def flat(x: torch.Tensor | None, keep: int) -> torch.Tensor | None:  # [B, N, ...] -> [B * N, ...]
+        def flat(x: torch.Tensor | None, keep: int) -> torch.Tensor | None:  # [B, M, ...] -> [B * M, ...]
             return None if x is None else x.reshape(-1, *x.shape[x.dim() - keep :])
 
-        out = self._encode(
-            flat(input_ids, 1),
-            flat(attention_mask, 1),
-            flat(token_type_ids, 1),
-            flat(position_ids, 1),
-            flat(inputs_embeds, 2),
-            kwargs,
+        mask = flat(attention_mask, 1)
+        out = self.encode(
+            flat(input_ids, 1), mask, flat(token_type_ids, 1), flat(position_ids, 1), flat(inputs_embeds, 2), kwargs
         )
-        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)  # [B * N, 1] -> [B, N]
+        scores = self.run_head("multiple_choice", out.last_hidden_state, mask, out.pooler_output)  # [B * M, 1]
+        logits = scores.view(-1, choices)  # [B, M]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
         return MultipleChoiceModelOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -251,14 +208,7 @@ class EncoderForMultipleChoice(EncoderTaskModel):
 
 
 class EncoderForTokenClassification(EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = UNUSED_HEAD_KEYS
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(self.base_model_class.recipe(config).classifier_dropout)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    tasks = {"token_classification": "num_labels"}
 
     @can_return_tuple
     def forward(
@@ -273,8 +223,8 @@ class EncoderForTokenClassification(EncoderTaskModel):
     ) -> TokenClassifierOutput:
         check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
         num_items = kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, L]
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.run_head("token_classification", out.last_hidden_state)  # [B, T, L]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -282,13 +232,7 @@ class EncoderForTokenClassification(EncoderTaskModel):
 
 
 class EncoderForQuestionAnswering(EncoderTaskModel):
-    _keys_to_ignore_on_load_unexpected = UNUSED_HEAD_KEYS
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self._encoder(config, add_pooling_layer=False)
-        self.qa_outputs = Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    tasks = {"question_answering": "num_labels"}
 
     @can_return_tuple
     def forward(
@@ -302,12 +246,12 @@ class EncoderForQuestionAnswering(EncoderTaskModel):
         end_positions: torch.Tensor | None = None,  # [B]
         **kwargs,
     ) -> QuestionAnsweringModelOutput:
-        check_labels("start_positions", start_positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
-        check_labels("end_positions", end_positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
+        for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+            check_labels(name, positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         kwargs.pop("num_items_in_batch", None)
-        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)  # 2 x [B, T, 1]
-        start_logits, end_logits = start_logits.squeeze(-1).contiguous(), end_logits.squeeze(-1).contiguous()
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.run_head("question_answering", out.last_hidden_state)  # [B, T, 2]
+        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # 2 x [B, T]
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
@@ -317,4 +261,34 @@ class EncoderForQuestionAnswering(EncoderTaskModel):
             end_logits=end_logits,
             hidden_states=out.hidden_states,
             attentions=out.attentions,
+        )
+
+
+class EncoderForImageClassification(EncoderTaskModel):
+    """A classifier on the final [CLS] token; single-label, multi-label or regression losses as stock."""
+
+    tasks = {"image_classification": "num_labels"}
+
+    @can_return_tuple
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,  # [B, Ch, Hi, Wi]
+        labels: torch.Tensor | None = None,  # [B] (class ids), [B] or [B, L] floats (regression, multi-label)
+        interpolate_pos_encoding: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> ImageClassifierOutput:
+        num_items = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("return_dict", None)
+        out = self.model(
+            pixel_values,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            attention_mask=attention_mask,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.run_head("image_classification", out.last_hidden_state)  # [B, L]
+        loss = sequence_classification_loss(logits, labels, self.config, num_items) if labels is not None else None
+        return ImageClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )

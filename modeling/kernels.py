@@ -1,0 +1,258 @@
+"""Attention kernels and the masks each one reads. Every kernel quirk of the project lives in this file.
+
+Kernels: `eager_attention` (fivefold's reference: matmul, mask, fp32 softmax, dropout; the one that returns
+attention weights), transformers' kernels under `config._attn_implementation` (sdpa, flash, flex, registered
+ones), and `packed_attention` for packed sequences, which takes a `PackedSequences` in place of a mask.
+
+Masks: one builder per kind of stack (bidirectional, causal with a cache, T5's additive relative bias), each
+returning the mask in the form the selected kernel reads: transformers' mask functions for its kernels, bool or
+additive float masks for eager, `PackedSequences` for packed sequences.
+
+Quirks: sdpa treats a module without `is_causal` as causal (attention sets it); transformers' flash kernels
+count a window of w as w - 1 positions on each side, so they get `window + 1`; a causal stack's sliding window
+is read by transformers from `config.sliding_window`, which its sliding caches are sized by too; only sdpa and
+flash run packed sequences (eager returns weights, flex builds block masks); a decoding step of one token sees
+every cached key, so its mask is the padding mask alone.
+
+Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/value heads, D head dim,
+N tokens (packed).
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+    sliding_window_bidirectional_overlay,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.generic import is_flash_attention_requested
+
+from .padding import PackedSequences
+
+# Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
+UNPADDED_KERNELS = ("sdpa",)
+
+
+def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, cached: bool = False) -> None:
+    """A [B, T] padding mask must match the inputs; with a cache it covers P + T steps, so it has at least T. A
+    ready-made 4D mask is passed through, as in stock."""
+    if attention_mask is None or attention_mask.dim() == 4:
+        return
+    if not cached and tuple(attention_mask.shape) != (batch, length):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, seq_len) = {(batch, length)}"
+        )
+    if cached and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, past + new tokens) with "
+            f"batch = {batch} and at least {length} tokens"
+        )
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, K, S, D] -> [B, K * groups, S, D], each key/value head serving `groups` query heads."""
+    if groups == 1:
+        return x
+    b, k, s, d = x.shape
+    return x[:, :, None].expand(b, k, groups, s, d).reshape(b, k * groups, s, d)
+
+
+def causal_bool_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, T, S], True where query i may see key j (queries are the last T of S positions)."""
+    offset = k_len - q_len
+    q_pos = torch.arange(q_len, device=device)[:, None] + offset
+    return (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
+
+
+def eager_attention(
+    module: nn.Module,
+    query: torch.Tensor,  # [B, H, T, D]
+    key: torch.Tensor,  # [B, K, S, D]
+    value: torch.Tensor,  # [B, K, S, D]
+    attention_mask: torch.Tensor | None,  # bool [B, 1, T, S] (True = attend) or additive float, or None
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
+    if attention_mask is None and module.is_causal and query.shape[2] > 1:
+        attention_mask = causal_bool_mask(query.shape[2], key.shape[2], query.device)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, D]
+    return out, weights
+
+
+def flash_window(window: int | None) -> int | None:
+    """A window of `window` positions on each side, as transformers' flash kernels count it."""
+    return None if window is None else window + 1
+
+
+def packed_attention(
+    module: nn.Module,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, K, N, D]
+    value: torch.Tensor,  # [1, K, N, D]
+    packed: PackedSequences,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Variable-length attention over packed sequences -> ([1, N, H, D], no weights): flash-attention's varlen
+    kernel when a flash implementation is selected, otherwise one sdpa call per sequence (measured fastest on CPU,
+    see benchmarks/encoders.py)."""
+    implementation = module.config._attn_implementation
+    if is_flash_attention_requested(requested_attention_implementation=implementation):
+        return ALL_ATTENTION_FUNCTIONS[implementation](
+            module,
+            query,
+            key,
+            value,
+            None,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=flash_window(packed.window),
+            cu_seq_lens_q=packed.cu_seqlens,
+            cu_seq_lens_k=packed.cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+            **kwargs,
+        )
+    grouped = query.shape[1] != key.shape[1]
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            attn_mask=packed.band_mask(s, e),
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=grouped,
+        )
+        for s, e in packed.bounds
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2), None
+
+
+def attention_kernel(config, mask: object) -> Callable:
+    """The kernel for this call: packed sequences' own, else the one the user selected (eager by default)."""
+    if isinstance(mask, PackedSequences):
+        return packed_attention
+    return ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention)
+
+
+def window_kwargs(config, window: int | None, mask: object) -> dict:
+    """Flash kernels take a block's sliding window as an argument rather than from the mask."""
+    if window is None or isinstance(mask, PackedSequences) or not is_flash_attention_requested(config=config):
+        return {}
+    return {"sliding_window": flash_window(window)}
+
+
+def unpads(config, attention_mask: torch.Tensor | None) -> bool:
+    """Whether an encoder call runs on packed tokens: a [B, T] mask with padding, a config that allows it, and a
+    kernel that benefits (sdpa, flash: neither returns attention weights; eager, which does, stays padded)."""
+    if not getattr(config, "unpad_inputs", False) or attention_mask is None or attention_mask.dim() != 2:
+        return False
+    implementation = config._attn_implementation
+    if implementation not in UNPADDED_KERNELS and not is_flash_attention_requested(
+        requested_attention_implementation=implementation
+    ):
+        return False
+    real = int(attention_mask.bool().sum())
+    return 0 < real < attention_mask.numel()
+
+
+def per_block(windows: tuple[int | None, ...], build: Callable[[int | None], object]) -> list:
+    """One mask per block, built once per distinct window."""
+    masks = {window: build(window) for window in dict.fromkeys(windows)}
+    return [masks[window] for window in windows]
+
+
+def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, packed: PackedSequences | None) -> list:
+    """An encoder's mask for each block: a PackedSequences (with the block's window) when unpadded, else
+    transformers' bidirectional mask with a sliding-window overlay where the block has a window."""
+
+    def build(window: int | None) -> object:
+        if packed is not None:
+            return packed.with_window(window)
+        overlay = None if window is None else sliding_window_bidirectional_overlay(window)
+        return create_bidirectional_mask(
+            config=config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
+        )
+
+    return per_block(windows, build)
+
+
+def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
+    """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
+    all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
+    padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]."""
+    past = cache.get_seq_length() if cache is not None else 0
+
+    def build(window: int | None) -> object:
+        if (
+            hidden.shape[1] == 1
+            and window is None
+            and config._attn_implementation in ("sdpa", "eager")
+            and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.shape[1] == past + 1))
+        ):
+            return None if attention_mask is None else attention_mask[:, None, None, :].bool()
+        make_mask = create_causal_mask if window is None else create_sliding_window_causal_mask
+        # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
+        return make_mask(config, hidden, attention_mask, cache, position_ids)
+
+    return per_block(windows, build)
+
+
+def padding_allowed(attention_mask: torch.Tensor | None, key_length: int, name: str) -> torch.Tensor | None:
+    """[B, S] 1/0 mask -> bool [B, 1, 1, S] (True = attend), or None without one or without padding (so that the
+    kernels add a [1, H, T, S] bias instead of reading a mask per row)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[1] != key_length:
+        raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, {key_length})")
+    if bool(attention_mask.all()):
+        return None
+    return attention_mask[:, None, None, :].bool()
+
+
+def additive_mask(bias: torch.Tensor | None, allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """bias (or 0) where allowed, the dtype's minimum elsewhere: the float mask eager and sdpa add to scores."""
+    if allowed is None:
+        return bias
+    if bias is None:
+        bias = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, bias, torch.finfo(dtype).min)
+
+
+def relative_bias_mask(
+    bias: torch.Tensor,  # [1, H, T, S]
+    attention_mask: torch.Tensor | None,  # [B, S]
+    causal: bool,
+    device: torch.device,
+) -> torch.Tensor:  # [B or 1, H, T, S]
+    """T5's mask: the relative position bias where a key is visible (padding, and the future in a decoder), the
+    dtype's minimum elsewhere, one additive float mask that every block's kernel adds to its scores."""
+    t, s = bias.shape[-2:]
+    allowed = padding_allowed(attention_mask, s, "attention_mask")  # [B, 1, 1, S]
+    if causal and t > 1:
+        causal_allowed = causal_bool_mask(t, s, device)  # [1, 1, T, S]
+        allowed = causal_allowed if allowed is None else allowed & causal_allowed
+    return additive_mask(bias, allowed, bias.dtype)
+
+
+def cross_mask(attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """[B, 1, 1, S] additive mask over an encoder's positions for cross-attention (None without padding)."""
+    return additive_mask(None, padding_allowed(attention_mask, key_length, "attention_mask"), dtype)

@@ -1,0 +1,69 @@
+"""What every task model shares: a backbone under `model` and the heads of its tasks, built from the recipe.
+
+A task model names its tasks and their output sizes (`tasks = {"masked_lm": "vocab_size"}`); the recipe holds a
+`HeadSpec` per task, whose `at` says where the head's projection lives in the checkpoint layout (heads.py). The
+model gets exactly those modules, ignores the tensors of the architecture's other heads on load, and runs a
+task's head on tensors with `run_head`.
+
+Shapes: B batch, T time, C channels, O head outputs.
+"""
+
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from .heads import Head, HeadSpec
+from .linear import Linear
+from .pretrained import FivefoldPreTrainedModel
+
+
+class TaskModel(FivefoldPreTrainedModel):
+    # Task -> its number of outputs: a config field ("num_labels") or a number.
+    tasks: Mapping[str, str | int] = {}
+    output_task: str | None = None  # the task whose projection is the output embedding, tied to the input's
+    input_embeddings_key = "model.embeddings.word_embeddings.weight"
+
+    def add_heads(self, config, heads: Mapping[str, HeadSpec], width: int) -> None:
+        self.head_specs = {task: heads[task] for task in self.tasks}
+        for task, size in self.tasks.items():
+            spec, size = heads[task], getattr(config, size) if isinstance(size, str) else size
+            owner, _, inside = spec.at.partition(".")
+            if inside:
+                self.add_module(owner, Head(spec, width, size))
+            else:  # the head pools and transforms; the task model projects
+                self.head = Head(spec, width)
+                self.add_module(owner, Linear(width, size, bias=spec.bias) if size else nn.Identity())
+        if self.output_task is not None:
+            tied = {f"{heads[self.output_task].at}.weight": self.input_embeddings_key}
+            self._tied_weights_keys = {**(self._tied_weights_keys or {}), **tied}
+        own = {name for name, _ in self.named_children()}
+        others = {spec.at.partition(".")[0] for spec in heads.values()} | {"head"}
+        ignored = [rf"^{re.escape(name)}\." for name in sorted(others - own)]
+        self._keys_to_ignore_on_load_unexpected = [*(self._keys_to_ignore_on_load_unexpected or []), *ignored]
+
+    def run_head(
+        self,
+        task: str,
+        hidden: torch.Tensor,  # [B, T, C], or [N, C]
+        mask: torch.Tensor | None = None,  # [B, T]: the real tokens, for pools that need them
+        pooled: torch.Tensor | None = None,  # [B, C]: the backbone's pooler output
+    ) -> torch.Tensor:  # [B, (T,) O]
+        owner = getattr(self, self.head_specs[task].at.partition(".")[0])
+        if isinstance(owner, Head):
+            return owner(hidden, mask, pooled)
+        return owner(self.head(hidden, mask, pooled))
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return None if self.output_task is None else self.get_submodule(self.head_specs[self.output_task].at)
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        parent, _, name = self.head_specs[self.output_task].at.rpartition(".")
+        setattr(self.get_submodule(parent) if parent else self, name, value)
