@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from .convert import architecture_of, model_class_of, read_config, resolve_source
+from .source import architecture_of, model_class_of, read_config, resolve_source
 
 
 def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import pytest
 
 import fivefold
 from fivefold import ConversionError, cli
-from fivefold.conversion import checkpoint
+from fivefold.conversion import writer
 from fivefold.conversion.errors import CheckpointWarning
 
 
@@ -41,17 +41,17 @@ KILLED_MID_WRITE = textwrap.dedent(
     """
     import sys, time
     import fivefold
-    from fivefold.conversion import checkpoint
+    from fivefold.conversion import writer
 
     src, dst, marker, force = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    real_save = checkpoint.save_file
+    real_save = writer.save_file
 
     def save_then_hang(tensors, path, metadata=None):
         real_save(tensors, path, metadata=metadata)
         open(marker, "w").write(path)
         time.sleep(600)
 
-    checkpoint.save_file = save_then_hang
+    writer.save_file = save_then_hang
     fivefold.convert(src, dst, max_shard_size="20KB", force=force, progress=False)
     """
 )
@@ -98,7 +98,7 @@ KILLED_MID_SWAP = textwrap.dedent(
     """
     import os, sys
     import fivefold
-    from fivefold.conversion import checkpoint
+    from fivefold.conversion import writer
 
     src, dst = sys.argv[1], sys.argv[2]
     real_replace = os.replace
@@ -108,8 +108,8 @@ KILLED_MID_SWAP = textwrap.dedent(
         if ".old-" in str(b):
             os.kill(os.getpid(), 9)
 
-    checkpoint._exchange = lambda a, b: False
-    checkpoint.os.replace = replace_then_die
+    writer._exchange = lambda a, b: False
+    writer.os.replace = replace_then_die
     fivefold.convert(src, dst, force=True, progress=False)
     """
 )
@@ -138,8 +138,8 @@ def test_failed_two_step_swap_puts_old_destination_back(stock_checkpoint, old_ds
             raise OSError(errno.EIO, "Input/output error", str(b))
         real_replace(a, b)
 
-    monkeypatch.setattr(checkpoint, "_exchange", lambda a, b: False)
-    monkeypatch.setattr(checkpoint.os, "replace", fail_second_rename)
+    monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(writer.os, "replace", fail_second_rename)
     with pytest.raises(ConversionError, match="Input/output error"):
         fivefold.convert(src, dst, force=True, progress=False)
     monkeypatch.undo()
@@ -153,13 +153,13 @@ def test_atomic_exchange_swaps_folders(tmp_path):
     b.mkdir()
     (a / "new").touch()
     (b / "old").touch()
-    if not checkpoint._exchange(a, b):
+    if not writer._exchange(a, b):
         pytest.skip("no renameat2(RENAME_EXCHANGE) here: the two-step swap with recovery is used")
     assert (a / "old").exists() and (b / "new").exists()
 
 
 def _disk_full_after_first_file(monkeypatch):
-    real_save = checkpoint.save_file
+    real_save = writer.save_file
 
     def save_until_full(tensors, path, metadata=None):
         if any(Path(path).parent.glob("*.safetensors")):
@@ -167,7 +167,7 @@ def _disk_full_after_first_file(monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_save(tensors, path, metadata=metadata)
 
-    monkeypatch.setattr(checkpoint, "save_file", save_until_full)
+    monkeypatch.setattr(writer, "save_file", save_until_full)
 
 
 @pytest.mark.parametrize("with_old", [False, True], ids=["fresh", "force-over-old"])
@@ -204,7 +204,7 @@ def test_interrupt_during_write_leaves_nothing(stock_checkpoint, tmp_path, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint, "save_file", interrupted)
+    monkeypatch.setattr(writer, "save_file", interrupted)
     dst = tmp_path / "dst"
     with pytest.raises(KeyboardInterrupt):
         fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), dst, progress=False)

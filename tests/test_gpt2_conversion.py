@@ -11,8 +11,9 @@ from safetensors.torch import load_file, save_file
 
 import fivefold
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
 from fivefold.conversion.inputs import causal_text_sample, left_padded, text_inputs
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 from fivefold.conversion.verify import compare, verify
 from fivefold.modeling.gpt2 import FivefoldGPT2LMHeadModel, FivefoldGPT2Model
 

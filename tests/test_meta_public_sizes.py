@@ -6,8 +6,9 @@ import torch
 import transformers
 
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
 from fivefold.conversion.keymap import legacy_norm_names
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 # The config.json of the public checkpoints (fields that matter for shapes).
 BERT_BASE_UNCASED = dict(

@@ -8,7 +8,8 @@ import torch
 import transformers
 
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 # mistralai/Mixtral-8x7B-v0.1 config.json (the fields that matter for shapes)
 MIXTRAL_8X7B = dict(

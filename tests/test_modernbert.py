@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 
 import fivefold
 from fivefold.architectures import architecture_for_model_type, stock_class_name
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
 from fivefold.conversion.modernbert import modernbert_sample
 from fivefold.conversion.samples import build_stock_checkpoint
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 from fivefold.conversion.verify import compare
 
 ARCH = architecture_for_model_type("modernbert")

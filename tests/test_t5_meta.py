@@ -6,7 +6,8 @@ import torch
 import transformers
 
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 # The config.json fields of the public checkpoints that matter for shapes.
 T5_SMALL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, feed_forward_proj="relu")

@@ -14,9 +14,10 @@ from test_remote_code import _remote_logits
 
 import fivefold
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.convert import build_config, check_plan, expected_tensors, our_prefix
 from fivefold.conversion.inputs import image_inputs
 from fivefold.conversion.samples import build_stock_checkpoint
+from fivefold.conversion.source import build_config
+from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 LABELS = ["cat", "dog", "bird", "fish", "frog"]
 

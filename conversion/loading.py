@@ -1,0 +1,59 @@
+"""`FivefoldXxx.from_pretrained(stock_checkpoint)`: a stock checkpoint converted in memory, nothing written but a
+temporary config."""
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from transformers import PretrainedConfig, PreTrainedModel
+
+from fivefold.architectures import architecture_for_model_type
+
+from .errors import ConversionError
+from .reader import CheckpointReader, checked_getter
+from .source import build_config, read_config_if_any, resolve_source
+from .validation import check_aliases, check_plan, our_prefix
+
+
+def open_stock_checkpoint(
+    cls: type[PreTrainedModel], name_or_path: str | os.PathLike, user_config: PretrainedConfig | None = None
+) -> AbstractContextManager[tuple] | None:
+    """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
+    state dict under our names), or None when `name_or_path` is not a stock checkpoint."""
+    stock = read_config_if_any(name_or_path)
+    if stock is None or not stock.get("model_type"):
+        return None
+    try:
+        arch = architecture_for_model_type(stock["model_type"])
+    except KeyError:
+        return None
+    if stock["model_type"] != arch.stock_model_type:
+        return None  # already fivefold's layout
+    if arch.config_class.__name__ != cls.config_class.__name__:
+        raise ConversionError(
+            f"{name_or_path} is a {stock['model_type']} checkpoint; {cls.__name__} loads {cls.config_class.model_type}"
+        )
+    if not isinstance(user_config, PretrainedConfig):
+        user_config = None  # a path or None: the config comes from the stock checkpoint
+    return _stock_state(arch, cls, resolve_source(name_or_path), stock, user_config)
+
+
+@contextmanager
+def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[tuple]:
+    config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
+    reader = CheckpointReader(folder)
+    shapes = {k: reader.shape(k) for k in reader.keys()}
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
+    check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
+    check_aliases(plan, reader)
+    state, get = {}, checked_getter(reader)
+    for step in plan.steps:
+        state.update(plan.run(step, get))
+    if user_config is not None:
+        yield user_config, state
+        return
+    with tempfile.TemporaryDirectory(prefix="fivefold-config-") as tmp:
+        config.save_pretrained(tmp)
+        yield tmp, state

@@ -1,0 +1,99 @@
+"""Where a conversion starts: the checkpoint folder (local or from the Hub), its config.json, the architecture and
+target class it names, and the config built from it."""
+
+import os
+from pathlib import Path
+
+from huggingface_hub.errors import StrictDataclassError
+from transformers import PretrainedConfig, PreTrainedModel
+
+from fivefold.architectures import architecture_for_model_type
+
+from .errors import ConversionError
+from .reader import read_json
+
+_NOT_CONFIG = ("auto_map", "transformers_version", "architectures", "model_type", "_name_or_path", "custom_pipelines")
+
+
+def resolve_source(src: str | os.PathLike) -> Path:
+    """A local folder, or a Hub repo id downloaded (config, weights, tokenizer files) when online."""
+    path = Path(src)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ConversionError(f"{src} is a file; pass the checkpoint folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        side = ["*.json", "*.txt", "*.model"]
+        folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.safetensors"]))
+        if not any(folder.glob("*.safetensors")):  # legacy repos hold only .bin weights
+            folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.bin"]))
+        return folder
+    except Exception as e:
+        raise ConversionError(f"{src} is neither a local folder nor a reachable Hub repo: {e}") from None
+
+
+def read_config(folder: Path) -> dict:
+    config = read_json(folder / "config.json")
+    if "model_type" not in config:
+        raise ConversionError(f"{folder / 'config.json'} has no model_type")
+    return config
+
+
+def architecture_of(config: dict, folder: Path, want_stock: bool):
+    try:
+        arch = architecture_for_model_type(config["model_type"])
+    except KeyError as e:
+        raise ConversionError(f"{folder / 'config.json'}: {e.args[0]}") from None
+    is_stock = config["model_type"] == arch.stock_model_type
+    if want_stock and not is_stock:
+        raise ConversionError(f"{folder} is already a fivefold checkpoint ({config['model_type']})")
+    if not want_stock and is_stock:
+        raise ConversionError(f"{folder} is a stock {config['model_type']} checkpoint, not a fivefold one")
+    return arch
+
+
+def model_class_of(arch, config: dict, folder: Path) -> type[PreTrainedModel]:
+    names = config.get("architectures") or [arch.base_model.__name__]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConversionError(f"{folder / 'config.json'}: architectures must be a list of class names, got {names!r}")
+    try:
+        return arch.class_named(names[0])
+    except KeyError as e:
+        raise ConversionError(f"{folder / 'config.json'}: architectures: {e.args[0]}") from None
+
+
+def config_from_dict(arch, fields: dict, folder: Path) -> PretrainedConfig:
+    """The config class's own validation, reported as a ConversionError naming config.json and the field."""
+    try:
+        return arch.config_class.from_dict(fields)
+    except Exception as e:
+        # huggingface_hub's strict-dataclass errors wrap the message that names the field: show that one.
+        cause = e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ is not None else e
+        raise ConversionError(
+            f"{folder / 'config.json'} is not a valid {arch.stock_model_type} config: {cause}"
+        ) from None
+
+
+def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
+    fields = {k: v for k, v in stock.items() if k not in _NOT_CONFIG}
+    return config_from_dict(arch, {**fields, "architectures": [target.__name__]}, folder)
+
+
+def stock_config_dict(arch, ours: dict, stock_class: str) -> dict:
+    fields = {k: v for k, v in ours.items() if k not in _NOT_CONFIG}
+    return {**fields, "architectures": [stock_class], "model_type": arch.stock_model_type}
+
+
+def read_config_if_any(name_or_path: str | os.PathLike) -> dict | None:
+    """The config of a local folder or Hub repo, or None where there is none to read (transformers will say)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return read_config(path) if (path / "config.json").is_file() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return read_json(Path(hf_hub_download(str(name_or_path), "config.json")))
+    except Exception:
+        return None

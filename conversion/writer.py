@@ -1,0 +1,214 @@
+"""Writing checkpoints atomically: everything goes to a temporary folder beside the destination, which is renamed
+into place only when complete (see `atomic_folder` for what an interrupted run leaves)."""
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from .errors import CheckpointWarning, ConversionError
+from .reader import SAFE_INDEX, SAFE_SINGLE
+
+
+def parse_size(size: int | str) -> int:
+    """'5GB' -> bytes (decimal units as transformers uses; also KiB/MiB/GiB)."""
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+             "TB": 10**12, "B": 1}  # fmt: skip
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(text)
+    except ValueError:
+        raise ConversionError(f"cannot read size {size!r}: use e.g. 500MB, 5GB or a byte count") from None
+
+
+def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+    """Greedy, in order: a new shard starts when the next tensor would overflow the current one."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > max_shard_size:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def write_safetensors(
+    folder: Path,
+    sizes: list[tuple[str, int]],
+    materialize: Callable[[list[str]], dict[str, torch.Tensor]],
+    max_shard_size: int,
+    progress: bool = True,
+) -> list[str]:
+    """Writes one shard at a time (peak memory: one shard), with an index when there is more than one."""
+    shards = plan_shards(sizes, max_shard_size)
+    names = (
+        [SAFE_SINGLE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    bar = tqdm(total=sum(s for _, s in sizes), unit="B", unit_scale=True, desc="writing", disable=not progress)
+    weight_map = {}
+    for file, keys in zip(names, shards, strict=True):
+        tensors = {k: t.contiguous() for k, t in materialize(keys).items()}
+        _unshare(tensors)
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, file))
+        bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
+        del tensors
+    bar.close()
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
+        (folder / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def _unshare(tensors: dict[str, torch.Tensor]) -> None:
+    # safetensors refuses tensors sharing storage (chunks of one fused tensor); give each its own.
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            tensors[name] = t.clone()
+        seen.add(ptr)
+
+
+def check_destination(dst: str | os.PathLike, force: bool) -> Path:
+    dst = Path(dst)
+    recover_destination(dst)
+    if (dst.exists() or dst.is_symlink()) and not force:
+        raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    return dst
+
+
+# Work folders beside DST carry the writing process's id, so that a later run can tell a dead run's leftovers
+# (removed) from a running conversion's (left alone).
+def _tmp_prefix(dst: Path) -> str:
+    return f".{dst.name}.tmp-"
+
+
+def _aside_prefix(dst: Path) -> str:
+    return f".{dst.name}.old-"
+
+
+def _owner_alive(name: str, prefix: str) -> bool:
+    pid = name[len(prefix) :].split("-")[0]
+    if not pid.isdigit():
+        return True  # not named by us: never touched
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def recover_destination(dst: Path) -> None:
+    """Cleans up after a conversion to `dst` that was killed: its temporary folder is removed, and an old `dst`
+    moved aside by an interrupted replacement (only where the atomic exchange is unavailable) is put back."""
+    if not dst.parent.is_dir():
+        return
+    for entry in sorted(dst.parent.iterdir()):
+        for prefix in (_aside_prefix(dst), _tmp_prefix(dst)):
+            if not entry.name.startswith(prefix) or _owner_alive(entry.name, prefix):
+                continue
+            if prefix == _aside_prefix(dst) and not (dst.exists() or dst.is_symlink()):
+                os.replace(entry, dst)
+                warnings.warn(f"restored {dst} from an interrupted replacement", CheckpointWarning, stacklevel=3)
+            else:
+                _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    """Removes what an old DST was: a folder, a file or a symlink (never what a symlink points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _put_in_place(tmp: Path, dst: Path) -> None:
+    if not (dst.exists() or dst.is_symlink()):
+        os.replace(tmp, dst)
+    elif _exchange(tmp, dst):
+        # dst was complete (old) before this instant and complete (new) after it; tmp now holds the old one.
+        _remove(tmp)
+    else:
+        # Two renames: killed between them, dst is absent for a moment but the old one waits aside under our
+        # pid, and the next run to dst (recover_destination) puts it back.
+        aside = dst.with_name(f"{_aside_prefix(dst)}{os.getpid()}")
+        os.replace(dst, aside)
+        try:
+            os.replace(tmp, dst)
+        except BaseException:
+            os.replace(aside, dst)
+            raise
+        _remove(aside)
+
+
+@contextmanager
+def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
+    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes.
+
+    At every instant `dst` is either absent (if it was), the old folder, or the complete new one: the swap over
+    an old `dst` is one atomic exchange on Linux. A run killed outright (SIGKILL, power loss) cannot clean up
+    after itself; the next conversion to the same `dst` removes what it left behind.
+    """
+    dst = check_destination(dst, force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(dst)}{os.getpid()}-", dir=dst.parent))
+    try:
+        # mkdtemp makes the folder private (0700); the result should have the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        try:
+            yield tmp
+            _put_in_place(tmp, dst)
+        except OSError as e:  # disk full, quota, permissions: the user's to fix, not a crash
+            kept = "the old one is unchanged" if dst.exists() else "nothing was written there"
+            reason = e.strerror or str(e)
+            where = f" ({e.filename})" if e.filename else ""
+            raise ConversionError(f"cannot write {dst}: {reason}{where}; {kept}") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
