@@ -13,32 +13,18 @@ identical.
     python benchmarks/gpt2.py --quick         # tiny model, seconds: a smoke test
 """
 
-import argparse
-import os
-import platform
 import statistics
-import tempfile
-import time
 
 import torch
 import transformers
-
-import fivefold
-
-GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-TINY = dict(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
 
 
 def read_bandwidth(gib: float, repeats: int = 5) -> float:
     """Bytes/s of a sum over a tensor far larger than the caches (median of `repeats`)."""
     big = torch.ones(int(gib * 2**30) // 4)
     big.sum()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        big.sum()
-        times.append(time.perf_counter() - start)
-    return big.numel() * 4 / statistics.median(times)
+    return big.numel() * 4 / alternate({"sum": big.sum}, repeats)["sum"].median
 
 
 def weight_bytes_per_step(model: torch.nn.Module, config) -> int:
@@ -50,93 +36,71 @@ def weight_bytes_per_step(model: torch.nn.Module, config) -> int:
     return total - positions + config.n_embd * 4
 
 
-def timed(generate, model, prompt, new_tokens: int) -> tuple[float, torch.Tensor]:
-    start = time.perf_counter()
-    out = generate(model, prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    return time.perf_counter() - start, out
+def generate(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    return model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
 
 
-def ours_generate(model, prompt, **kwargs):
-    return model.generate(prompt, **kwargs)
-
-
-def aten_generate(model, prompt, **kwargs):
+def generate_without_onednn(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """fivefold with its linears on aten's matmul, as stock's are."""
     with torch.backends.mkldnn.flags(enabled=False):
-        return model.generate(prompt, **kwargs)
+        return generate(model, prompt, new_tokens)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser = command_line(__doc__)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 2 runs, 8 tokens")
-    parser.add_argument("--out", help="also write the markdown table here")
-    args = parser.parse_args()
+    args = parse(parser)
     if args.quick:
-        args.runs, args.new_tokens, args.prompt = 2, 8, 8
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+        args.new_tokens, args.prompt = 8, 8
+    fields, model_name = size("gpt2", "openai-community/gpt2", args.quick)
+    new = args.new_tokens
 
-    fields = TINY if args.quick else GPT2_124M
-    config = transformers.GPT2Config(**fields)
-    with tempfile.TemporaryDirectory() as folder:
-        torch.manual_seed(0)
-        transformers.GPT2LMHeadModel(config).save_pretrained(f"{folder}/stock")
-        fivefold.convert(f"{folder}/stock", f"{folder}/fivefold", progress=False)
-        stock = transformers.GPT2LMHeadModel.from_pretrained(f"{folder}/stock").eval()
-        ours = transformers.AutoModelForCausalLM.from_pretrained(f"{folder}/fivefold").eval()
-    for model in (stock, ours):
-        model.generation_config.pad_token_id = config.eos_token_id
-    prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
-    contenders = {
-        "stock": (stock, ours_generate),
-        "fivefold": (ours, ours_generate),
-        "fivefold, oneDNN off": (ours, aten_generate),
-    }
-
-    full = {name: [] for name in contenders}
-    step = {name: [] for name in contenders}
-    outputs = {}
-    for name, (model, generate) in contenders.items():  # warm-up
-        _, outputs[name] = timed(generate, model, prompt, args.new_tokens)
-    for _ in range(args.runs):
-        for name, (model, generate) in contenders.items():
-            t_all, _ = timed(generate, model, prompt, args.new_tokens)
-            t_one, _ = timed(generate, model, prompt, 1)
-            full[name].append(t_all)
-            step[name].append((t_all - t_one) / (args.new_tokens - 1))
-    identical = all(torch.equal(outputs["stock"], out) for out in outputs.values())
+    with checkpoints(transformers.GPT2LMHeadModel, fields) as found:
+        stock, ours = found.load_stock(), found.load_fivefold()
+        config = stock.config
+        for model in (stock, ours):
+            model.generation_config.pad_token_id = config.eos_token_id
+        prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+        contenders = {
+            "stock": (stock, generate),
+            "fivefold": (ours, generate),
+            "fivefold, oneDNN off": (ours, generate_without_onednn),
+        }
+        outputs = {label: run(model, prompt, new) for label, (model, run) in contenders.items()}  # also the warm-up
+        identical = all(torch.equal(outputs["stock"], out) for out in outputs.values())
+        # In turn, each contender generates all the new tokens, then one: the difference is the decoding steps.
+        times = alternate(
+            {
+                (label, n): (lambda model=model, run=run, n=n: run(model, prompt, n))
+                for label, (model, run) in contenders.items()
+                for n in (new, 1)
+            },
+            args.runs,
+        )
 
     bandwidth = read_bandwidth(0.125 if args.quick else 1.0)
     weight_bytes = weight_bytes_per_step(stock, config)
     floor_ms = weight_bytes / bandwidth * 1e3
-    stock_tps = args.new_tokens / statistics.median(full["stock"])
+    stock_tps = new / times["stock", new].median
+    rows = []
+    for label in contenders:
+        tps = new / times[label, new].median
+        steps = [(a - b) / (new - 1) for a, b in zip(times[label, new].seconds, times[label, 1].seconds, strict=True)]
+        step_ms = statistics.median(steps) * 1e3
+        ratio = tps / stock_tps
+        rows.append(
+            [f"{label} ({model_name})", f"{tps:.1f}", f"{ratio:.2f}x", f"{step_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
+        )
+    header = ["model", "generate tok/s", "ratio vs stock", "ms per decoding step", "step / floor"]
     lines = [
-        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, torch threads "
-        f"{torch.get_num_threads()}; torch {torch.__version__}, transformers {transformers.__version__}, fivefold "
-        f"{fivefold.__version__}; fp32, sdpa, batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, greedy, "
-        f"median of {args.runs}",
+        machine_line(f"fp32, sdpa, batch 1, prompt {args.prompt}, {new} new tokens, greedy, median of {args.runs}"),
         f"weights read per decoding step: {weight_bytes / 1e6:.0f} MB; measured read bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s; floor {floor_ms:.1f} ms/step; tokens identical to stock: {identical}",
         "",
-        "| model | generate tok/s | ratio vs stock | ms per decoding step | step / floor |",
-        "|---|---|---|---|---|",
+        *table(header, rows),
     ]
-    for name in contenders:
-        tps = args.new_tokens / statistics.median(full[name])
-        step_ms = statistics.median(step[name]) * 1e3
-        label = f"{name} ({'GPT-2 tiny' if args.quick else 'GPT-2 124M'})"
-        lines.append(f"| {label} | {tps:.1f} | {tps / stock_tps:.2f}x | {step_ms:.1f} | {step_ms / floor_ms:.2f}x |")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    write_report(lines, args.out)
     if not identical:
         raise SystemExit("generated tokens differ from stock")
 

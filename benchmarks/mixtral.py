@@ -17,72 +17,44 @@ the checkpoint size and the RSS of a process that only imports the libraries.
 """
 
 import argparse
-import os
-import platform
 import re
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from harness import Checkpoints, Timing, alternate, checkpoints, command_line, machine_line, parse, table, write_report
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import fivefold
+from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.mixtral import copy_stock_moe_block
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec
 
+# Not the table's Mixtral-8x7B (47B parameters, 187 GB in fp32, out of reach of a CPU): its vocabulary, 8 experts
+# and top-2 routing at a size whose prefill takes about a second.
 REDUCED = dict(
     vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_local_experts=8, num_experts_per_tok=2,
     num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
+# A fine-grained MoE layer (many small experts), a design no architecture of the table has; and its --quick size.
 FINE_GRAINED = dict(hidden_size=512, intermediate_size=256, num_local_experts=64, num_experts_per_tok=8)
-QUICK = dict(
-    vocab_size=1000, hidden_size=128, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-)  # fmt: skip
 QUICK_FINE = dict(hidden_size=64, intermediate_size=32, num_local_experts=16, num_experts_per_tok=4)
 STOCK_EXPERTS = ("grouped_mm", "eager")
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def sharpen_router(model: transformers.MixtralForCausalLM) -> None:
+    """A router sharper than the default init: tokens spread unevenly over the experts, as in trained models."""
+    for layer in model.model.layers:
+        layer.mlp.gate.weight.normal_(0.0, 0.5)
 
 
-def alternate(contenders: dict, runs: int) -> dict[str, float]:
-    """Median seconds of each contender, timed in turn so that load changes hit all of them alike."""
-    times = {name: [] for name in contenders}
-    for _ in range(runs):
-        for name, fn in contenders.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def build_checkpoints(fields: dict, folder: Path) -> tuple[Path, Path]:
-    """A random stock Mixtral saved in the public per-expert layout, and its fivefold conversion."""
-    config = transformers.MixtralConfig(**fields)
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config)
-    with torch.no_grad():  # a router sharper than the default init: tokens spread unevenly, as in trained models
-        for layer in model.model.layers:
-            layer.mlp.gate.weight.normal_(0.0, 0.5)
-    model.save_pretrained(folder / "stock")
-    del model
-    fivefold.convert(folder / "stock", folder / "fivefold", progress=False)
-    return folder / "stock", folder / "fivefold"
-
-
-def bench_model(stock_dir: Path, our_dir: Path, runs: int, prefill: tuple[int, int], prompt: int, new: int):
-    stock = {
-        impl: transformers.MixtralForCausalLM.from_pretrained(stock_dir, experts_implementation=impl).eval()
-        for impl in STOCK_EXPERTS
-    }
-    ours = fivefold.FivefoldMixtralForCausalLM.from_pretrained(our_dir).eval()
+def bench_model(
+    found: Checkpoints, runs: int, prefill: tuple[int, int], prompt: int, new: int
+) -> tuple[list[list[str]], dict[str, float]]:
+    stock = {impl: found.load_stock(experts_implementation=impl) for impl in STOCK_EXPERTS}
+    ours = found.load_fivefold()
     vocab = ours.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(3, vocab, prefill, generator=gen)}
@@ -93,10 +65,8 @@ def bench_model(stock_dir: Path, our_dir: Path, runs: int, prefill: tuple[int, i
     with torch.inference_mode():
         expected = stock["grouped_mm"](**batch).logits  # also the warm-up
         got = ours(**batch).logits
-        diff = float((expected - got).abs().max())
-        exact = transformers.MixtralForCausalLM.from_pretrained(
-            stock_dir, dtype=torch.float64, experts_implementation="eager"
-        ).eval()
+        diff = f"{float((expected - got).abs().max()):.1e}"
+        exact = found.load_stock(dtype=torch.float64, experts_implementation="eager")
         truth = exact(**batch).logits
         del exact
         errors = {
@@ -106,24 +76,15 @@ def bench_model(stock_dir: Path, our_dir: Path, runs: int, prefill: tuple[int, i
         same = all(
             torch.equal(m.generate(prompt_ids, **greedy), ours.generate(prompt_ids, **greedy)) for m in stock.values()
         )
-        contenders = {impl: (lambda m=m: m(**batch)) for impl, m in stock.items()}
-        contenders["fivefold"] = lambda: ours(**batch)
-        t = alternate(contenders, runs)
-        tokens = prefill[0] * prefill[1]
-        rows += [
-            ("prefill", f"{prefill[0]}x{prefill[1]}", impl, tokens, t[impl], t["fivefold"], diff) for impl in stock
-        ]
-        contenders = {impl: (lambda m=m: m.generate(prompt_ids, **greedy)) for impl, m in stock.items()}
-        contenders["fivefold"] = lambda: ours.generate(prompt_ids, **greedy)
-        t = alternate(contenders, runs)
-        rows += [
-            ("generate", f"1x{prompt} +{new}", impl, new, t[impl], t["fivefold"], "same" if same else "DIFFERENT")
-            for impl in stock
-        ]
+        models = {**stock, "fivefold": ours}
+        t = alternate({name: (lambda m=m: m(**batch)) for name, m in models.items()}, runs)
+        rows += [row("prefill", f"{prefill[0]}x{prefill[1]}", impl, t, diff) for impl in stock]
+        t = alternate({name: (lambda m=m: m.generate(prompt_ids, **greedy)) for name, m in models.items()}, runs)
+        rows += [row("generate", f"1x{prompt} +{new}", impl, t, "same" if same else "DIFFERENT") for impl in stock]
     return rows, errors
 
 
-def bench_layer(fields: dict, runs: int, shapes: list[tuple[int, int]]):
+def bench_layer(fields: dict, runs: int, shapes: list[tuple[int, int]]) -> list[list[str]]:
     config = transformers.MixtralConfig(**fields)
     torch.manual_seed(0)
     stock = MixtralSparseMoeBlock(config).eval()
@@ -147,10 +108,14 @@ def bench_layer(fields: dict, runs: int, shapes: list[tuple[int, int]]):
             contenders = {impl: (lambda impl=impl, x=x: run_stock(impl, x)) for impl in STOCK_EXPERTS}
             contenders["fivefold"] = lambda x=x: ours(x)
             times = alternate(contenders, runs)
-            rows += [
-                ("MoE layer", f"{b}x{t}", impl, b * t, times[impl], times["fivefold"], diff) for impl in STOCK_EXPERTS
-            ]
+            rows += [row("MoE layer", f"{b}x{t}", impl, times, f"{diff:.1e}") for impl in STOCK_EXPERTS]
     return rows
+
+
+def row(what: str, shape: str, impl: str, times: dict[str, Timing], check: str) -> list[str]:
+    """A row of the timing table: stock with the experts implementation `impl` against fivefold."""
+    s, f = times[impl].median, times["fivefold"].median
+    return [what, shape, impl, f"{s * 1e3:,.1f}", f"{f * 1e3:,.1f}", f"{s / f:.2f}x", check]
 
 
 def load_only(which: str, folder: str) -> None:
@@ -179,64 +144,50 @@ def checkpoint_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
+def loading(found: Checkpoints) -> list[str]:
+    """The report's loading section: peak RSS of fresh processes loading each checkpoint."""
+    checkpoint = checkpoint_bytes(found.stock_dir)
+    base = peak_rss("baseline", found.stock_dir)
+    rows = []
+    for which, folder in (("stock", found.stock_dir), ("fivefold", found.fivefold_dir)):
+        peak = peak_rss(which, folder)
+        rows.append([which, f"{peak / 2**20:,.0f}", f"{peak / checkpoint:.2f}x", f"{(peak - base) / checkpoint:.2f}x"])
+    return [
+        "",
+        f"loading (fresh process, `/usr/bin/time -v`): checkpoint {checkpoint / 2**20:,.0f} MiB, "
+        f"libraries alone {base / 2**20:,.0f} MiB RSS",
+        "",
+        *table(["loader", "peak RSS MiB", "peak / checkpoint", "(peak - libraries) / checkpoint"], rows),
+    ]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", help="also write the markdown table here")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser = command_line(__doc__)
     parser.add_argument("--no-loading", action="store_true", help="skip the loading-memory measurement")
     parser.add_argument("--load-only", nargs=2, metavar=("WHICH", "FOLDER"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser)
     if args.load_only:
         return load_only(*args.load_only)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    fields, fine = (QUICK, QUICK_FINE) if args.quick else (REDUCED, FINE_GRAINED)
-    runs = 2 if args.quick else args.runs
+    fields, fine = (architecture_for_model_type("mixtral").tiny, QUICK_FINE) if args.quick else (REDUCED, FINE_GRAINED)
     prefill, prompt, new = ((2, 16), 8, 8) if args.quick else ((4, 128), 32, 32)
+    layer_shapes = [(2, 16), (2, 1)] if args.quick else [(4, 128), (4, 1)]
 
-    lines = [
-        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, fivefold {fivefold.__version__}; "
-        f"fp32, sdpa, median of {runs}{' (--quick sizes)' if args.quick else ''}",
-        "",
-        "| what | shape | stock experts | stock ms | fivefold ms | ratio (stock / fivefold time) | max abs diff |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    with tempfile.TemporaryDirectory() as tmp:
-        stock_dir, our_dir = build_checkpoints(fields, Path(tmp))
-        rows, errors = bench_model(stock_dir, our_dir, runs, prefill, prompt, new)
-        rows += bench_layer(fine, runs, [(4, 128), (4, 1)] if not args.quick else [(2, 16), (2, 1)])
-        for what, shape, impl, _, s, f, diff in rows:
-            shown = diff if isinstance(diff, str) else f"{diff:.1e}"
-            lines.append(f"| {what} | {shape} | {impl} | {s * 1e3:,.1f} | {f * 1e3:,.1f} | {s / f:.2f}x | {shown} |")
-        lines += [
+    header = ["what", "shape", "stock experts", "stock ms", "fivefold ms", "ratio (stock / fivefold time)",
+              "max abs diff"]  # fmt: skip
+    with checkpoints(transformers.MixtralForCausalLM, fields, init=sharpen_router) as found:
+        rows, errors = bench_model(found, args.runs, prefill, prompt, new)
+        rows += bench_layer(fine, args.runs, layer_shapes)
+        lines = [
+            machine_line(f"fp32, sdpa, median of {args.runs}{' (--quick sizes)' if args.quick else ''}"),
+            "",
+            *table(header, rows),
             "",
             f"prefill logits against the same model run in fp64 (exact up to fp64 rounding): stock fp32 is off by "
             f"{errors['stock']:.1e}, fivefold fp32 by {errors['fivefold']:.1e}",
         ]
-
         if not args.no_loading:
-            size = checkpoint_bytes(stock_dir)
-            base = peak_rss("baseline", stock_dir)
-            lines += [
-                "",
-                f"loading (fresh process, `/usr/bin/time -v`): checkpoint {size / 2**20:,.0f} MiB, "
-                f"libraries alone {base / 2**20:,.0f} MiB RSS",
-                "",
-                "| loader | peak RSS MiB | peak / checkpoint | (peak - libraries) / checkpoint |",
-                "|---|---|---|---|",
-            ]
-            for which, folder in (("stock", stock_dir), ("fivefold", our_dir)):
-                peak = peak_rss(which, folder)
-                lines.append(f"| {which} | {peak / 2**20:,.0f} | {peak / size:.2f}x | {(peak - base) / size:.2f}x |")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
+            lines += loading(found)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""What every benchmark script shares: the command line, the sizes from the architecture table, a random stock
+checkpoint and its conversion, alternate timing, and the markdown report with its machine line."""
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import transformers
+
+import fivefold
+from fivefold.architectures import architecture_for_model_type
+
+QUICK_RUNS = 2
+RUNS = 5
+
+Key = TypeVar("Key")
+
+
+def command_line(doc: str) -> argparse.ArgumentParser:
+    """The options every script takes; a script adds its own before calling `parse`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, help=f"timed runs of each contender (default {RUNS}, {QUICK_RUNS} --quick)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script in seconds")
+    parser.add_argument("--out", help="also write the markdown report here")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The options, with torch's threads set from them and transformers' logging quiet (the report is the output)."""
+    args = parser.parse_args()
+    if args.runs is None:
+        args.runs = QUICK_RUNS if args.quick else RUNS
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return args
+
+
+def size(model_type: str, hub_id: str, quick: bool) -> tuple[dict, str]:
+    """The stock config fields to time and the report's name for them: the public checkpoint's, or the table's
+    tiny config with --quick."""
+    arch = architecture_for_model_type(model_type)
+    return (arch.tiny, f"{model_type} tiny") if quick else (arch.public[hub_id], hub_id)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A random stock checkpoint in the public layout and its fivefold conversion."""
+
+    stock_class: type[transformers.PreTrainedModel]
+    stock_dir: Path
+    fivefold_dir: Path
+
+    def load_stock(self, **kwargs) -> transformers.PreTrainedModel:
+        return self.stock_class.from_pretrained(self.stock_dir, **kwargs).eval()
+
+    def load_fivefold(self, **kwargs) -> transformers.PreTrainedModel:
+        arch = architecture_for_model_type(self.stock_class.config_class.model_type)
+        return arch.class_named(self.stock_class.__name__).from_pretrained(self.fivefold_dir, **kwargs).eval()
+
+
+@contextmanager
+def checkpoints(
+    stock_class: type[transformers.PreTrainedModel],
+    fields: dict,
+    init: Callable[[transformers.PreTrainedModel], None] | None = None,
+) -> Iterator[Checkpoints]:
+    """A stock `stock_class` with the config `fields`, random-initialised with seed 0 (then changed by `init`, if
+    given, without autograd), saved with `save_pretrained` and converted; the folders last as long as the block."""
+    with tempfile.TemporaryDirectory() as folder:
+        found = Checkpoints(stock_class, Path(folder, "stock"), Path(folder, "fivefold"))
+        torch.manual_seed(0)
+        model = stock_class(stock_class.config_class(**fields))
+        if init is not None:
+            with torch.no_grad():
+                init(model)
+        model.save_pretrained(found.stock_dir)
+        del model  # only the models loaded from the folders should hold memory while they are measured
+        fivefold.convert(found.stock_dir, found.fivefold_dir, progress=False)
+        yield found
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The seconds of each run of one contender, in the order run."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The fastest and the slowest run."""
+        return min(self.seconds), max(self.seconds)
+
+
+def alternate(contenders: dict[Key, Callable[[], object]], runs: int) -> dict[Key, Timing]:
+    """Times every contender once per run, in turn, so that a change in the machine's load hits all of them alike."""
+    seconds = {key: [] for key in contenders}
+    for _ in range(runs):
+        for key, run in contenders.items():
+            start = time.perf_counter()
+            run()
+            seconds[key].append(time.perf_counter() - start)
+    return {key: Timing(tuple(s)) for key, s in seconds.items()}
+
+
+def machine_line(details: str) -> str:
+    """The report's first line: the machine and the versions measured, then the script's `details`."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = re.search(r"model name\s*:\s*(.*)", f.read())[1]
+    except (OSError, TypeError):  # not Linux, or no model name in it
+        cpu = platform.processor() or "unknown CPU"
+    return (
+        f"machine: {cpu} ({platform.machine()}), {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()};"
+        f" torch {torch.__version__}, transformers {transformers.__version__}, fivefold {fivefold.__version__};"
+        f" {details}"
+    )
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Markdown lines of a table whose cells are already formatted."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(cells)} |" for cells in rows)]
+
+
+def write_report(lines: list[str], out: str | None) -> None:
+    """Prints the report and, with --out, writes it there too."""
+    report = "\n".join(lines)
+    print(report)
+    if out:
+        Path(out).write_text(report + "\n")
