@@ -2,7 +2,9 @@
 
 import json
 import os
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -125,6 +127,20 @@ def convert(
     return dst
 
 
+def current_name(target: type) -> Callable[[str], str] | None:
+    """Today's name of a tensor in a fivefold folder written by an earlier layout (the model's `_renamed_keys`)."""
+    renames = [(re.compile(old), new) for old, new in target._renamed_keys.items()]
+    if not renames:
+        return None
+
+    def rename(key: str) -> str:
+        for old, new in renames:
+            key = old.sub(new, key)
+        return key
+
+    return rename
+
+
 def export(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -140,7 +156,7 @@ def export(
     arch = architecture_of(ours, folder, want_stock=False)
     target = model_class_of(arch, ours, folder)
     config = config_from_dict(arch, ours, folder)
-    reader = CheckpointReader(folder)
+    reader = CheckpointReader(folder, rename=current_name(target))
     shapes = {k: reader.shape(k) for k in reader.keys()}
     dtypes = {k: reader.dtype(k) for k in reader.keys()}
     check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)

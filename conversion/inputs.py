@@ -31,6 +31,13 @@ def text_sample(config, stock_class: str, seed: int = 0) -> dict:
     return text_inputs(config, seed=seed, choices=2 if stock_class.endswith("ForMultipleChoice") else None)
 
 
+def text_sample_without_token_types(config, stock_class: str, seed: int = 0) -> dict:
+    """`text_sample` for models without token types (ModernBERT), whose stock forward takes none."""
+    inputs = text_sample(config, stock_class, seed)
+    inputs.pop("token_type_ids")
+    return inputs
+
+
 def image_inputs(config, batch: int = 3, size: tuple[int, int] | None = None, seed: int = 0) -> dict:
     """Random normalised images, [B, channels, height, width], at the config's image size unless `size` is given."""
     gen = torch.Generator().manual_seed(seed)

@@ -8,7 +8,7 @@ from fivefold.configuration.modernbert import FivefoldModernBertConfig
 from fivefold.modeling import modernbert as modeling
 
 from .architecture import Architecture
-from .inputs import text_sample
+from .inputs import text_sample_without_token_types
 from .keymap import KeyMap, Rule, renames
 
 MODERNBERT_BASE = [
@@ -39,13 +39,6 @@ MODERNBERT_HEADS = {
 }
 
 MODERNBERT_KEYS = KeyMap(MODERNBERT_BASE, renames(MODERNBERT_HEADS))
-
-
-def modernbert_sample(config, stock_class: str, seed: int = 0) -> dict:
-    """`text_sample` without token types (ModernBERT has none); its rows are longer than the tiny sliding window."""
-    inputs = text_sample(config, stock_class, seed)
-    inputs.pop("token_type_ids")
-    return inputs
 
 
 # Three layers (global, local, global) in the public checkpoints' legacy form, a local window of 4 positions (the
@@ -89,5 +82,5 @@ ARCHITECTURE = Architecture(
     keys=lambda config: MODERNBERT_KEYS,
     tiny=TINY_MODERNBERT,
     public={"answerdotai/ModernBERT-base": MODERNBERT_BASE},
-    sample_inputs=modernbert_sample,
+    sample_inputs=text_sample_without_token_types,  # its rows are longer than the tiny window
 )

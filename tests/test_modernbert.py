@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 import fivefold
 from fivefold.architectures import architecture_for_model_type, stock_class_name
-from fivefold.conversion.modernbert import modernbert_sample
 from fivefold.conversion.samples import build_stock_checkpoint
 from fivefold.conversion.source import build_config
 from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
@@ -65,7 +64,7 @@ def _hidden(model, inputs):
 @pytest.mark.parametrize("stock_name", HEADS)
 def test_head_matches_stock(converted, stock_name, attn, unpad, variant):
     stock, ours = _pair(converted, stock_name, attn, unpad, variant)
-    inputs = modernbert_sample(stock.config, stock_name)
+    inputs = ARCH.sample_inputs(stock.config, stock_name)
     mask = inputs["attention_mask"]
     assert mask.min() == 0 and int(mask.sum(-1).max()) > stock.config.local_attention  # ragged, beyond the window
     diffs = compare(stock, ours, inputs)
@@ -140,7 +139,7 @@ def test_losses_match_stock(converted, unpad):
         }
     for stock_name, labels in cases.items():
         stock, ours = _pair(converted, stock_name, "sdpa", unpad)
-        inputs = modernbert_sample(stock.config, stock_name)
+        inputs = ARCH.sample_inputs(stock.config, stock_name)
         with torch.no_grad():
             a, b = stock(**inputs, **labels(inputs)), ours(**inputs, **labels(inputs))
         assert abs(a.loss - b.loss) <= TOL, stock_name
@@ -150,7 +149,7 @@ def test_sparse_prediction_matches_stock(converted):
     src, dst = converted("ModernBertForMaskedLM")
     stock = transformers.ModernBertForMaskedLM.from_pretrained(src, sparse_prediction=True).eval()
     ours = ARCH.class_named("ModernBertForMaskedLM").from_pretrained(dst, sparse_prediction=True).eval()
-    inputs = modernbert_sample(stock.config, "ModernBertForMaskedLM")
+    inputs = ARCH.sample_inputs(stock.config, "ModernBertForMaskedLM")
     labels = torch.full_like(inputs["input_ids"], -100)
     labels[:, 1:4] = inputs["input_ids"][:, 1:4]
     with torch.no_grad():
