@@ -69,7 +69,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         kwargs.pop("output_attentions", None)  # read by capture_outputs; the kernels must not see them
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.is_activation_checkpointing and self.training and torch.is_grad_enabled():
+        if self.training and torch.is_grad_enabled() and self.is_activation_checkpointing:
             use_cache = False  # checkpointed layers recompute their forward and would append to the cache twice
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
@@ -83,7 +83,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         masks = causal_masks(self.config, hidden, attention_mask, cache, position_ids, self.windows)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
-        hidden = self.norm(hidden)
+        hidden = self.dropout(self.norm(hidden))
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
 
 

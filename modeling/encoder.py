@@ -51,7 +51,7 @@ class EncoderStack(EncoderPreTrainedModel, Stack):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, T, C], pooled [B, C] or None
         masks = bidirectional_masks(self.config, hidden, attention_mask, self.windows, packed)
-        hidden = self.norm(self.run_blocks(hidden, masks, position_ids, **kwargs))
+        hidden = self.dropout(self.norm(self.run_blocks(hidden, masks, position_ids, **kwargs)))
         if packed is not None:
             hidden = packed.pad(hidden)
             pad_captured_hidden_states(packed)

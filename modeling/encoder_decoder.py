@@ -77,7 +77,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
 
     def __init__(self, config, spec: StackSpec):
         super().__init__(config, spec)
-        self.causal = spec.blocks[0].cross_attention is not None  # the decoder: causal, cached, reads the encoder
+        self.causal = spec.blocks[0].attention.is_causal  # the decoder: causal, cached, cross-attends the encoder
         self.post_init()
 
     @capture_outputs

@@ -33,7 +33,7 @@ class StackSpec:
     blocks: tuple[BlockSpec, ...]
     norm: str = "none"  # the final norm, after the last block (key in NORMS; "none" for post-norm stacks)
     norm_eps: float = 1e-12
-    dropout: float = 0.0  # on the final output (T5)
+    dropout: float = 0.0  # on the final output (T5's)
     relative_bias: RelativeBiasSpec | None = None  # T5: a learned bias per relative position, in every mask
     pooler: HeadSpec | None = None  # `pooler_output`: e.g. [CLS] -> dense -> tanh (BERT, ViT)
 

@@ -33,6 +33,8 @@ class TaskModel(FivefoldPreTrainedModel):
             if inside:
                 self.add_module(owner, Head(spec, width, size))
             else:  # the head pools and transforms; the task model projects
+                if hasattr(self, "head"):
+                    raise ValueError(f"{type(self).__name__}: two heads beside their projections would both be `head`")
                 self.head = Head(spec, width)
                 self.add_module(owner, Linear(width, size, bias=spec.bias) if size else nn.Identity())
         if self.output_task is not None:
