@@ -29,6 +29,11 @@ class AttentionSpec:
     rotary_theta: float | None = None  # the rotary base, for positions="rotary"
     window: int | None = None  # a sliding window: keys at most this many positions from the query; None: all
 
+    @property
+    def per_head(self) -> int:
+        """D, the width of one head."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
     def __post_init__(self) -> None:
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown positions {self.positions!r}; valid: {', '.join(sorted(POSITIONS))}")
@@ -55,7 +60,7 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads or spec.num_heads
-        self.head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
+        self.head_dim = spec.per_head
         # Read by transformers' kernels: sdpa treats a module without `is_causal` as causal.
         self.is_causal = spec.is_causal
         self.num_key_value_groups = self.num_heads // self.num_kv_heads

@@ -23,6 +23,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from .heads import last_real_token
 from .kernels import causal_masks, check_attention_mask
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .pretrained import FivefoldPreTrainedModel
@@ -69,7 +70,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         kwargs.pop("output_attentions", None)  # read by capture_outputs; the kernels must not see them
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.training and torch.is_grad_enabled() and self.is_activation_checkpointing:
+        if self.training and torch.is_grad_enabled() and self.checkpointing():
             use_cache = False  # checkpointed layers recompute their forward and would append to the cache twice
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
@@ -173,7 +174,8 @@ def real_tokens(input_ids: torch.Tensor | None, pad_token_id: int | None, batch:
 
 
 class DecoderForSequenceClassification(DecoderTaskModel):
-    """Scores the last real token of each row (stock GPT-2 / Mixtral semantics)."""
+    """Scores the last real token of each row (stock GPT-2 / Mixtral semantics). As stock, every token is scored
+    and the last real one's scores are taken: pooling first gives the same numbers, but not to the last bit."""
 
     tasks = {"sequence_classification": "num_labels"}
 
@@ -195,7 +197,8 @@ class DecoderForSequenceClassification(DecoderTaskModel):
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         batch = out.last_hidden_state.shape[0]
         real = real_tokens(input_ids, self.config.pad_token_id, batch, type(self).__name__)
-        logits = self.run_head("sequence_classification", out.last_hidden_state, real)  # [B, L]
+        scores = self.run_head("sequence_classification", out.last_hidden_state)  # [B, T, L]
+        logits = last_real_token(scores, real, None)  # [B, L]
         loss = sequence_classification_loss(logits, labels, self.config, num_items) if labels is not None else None
         return SequenceClassifierOutputWithPast(
             loss=loss,

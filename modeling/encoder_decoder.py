@@ -95,7 +95,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         hidden = self.embeddings(input_ids, inputs_embeds=inputs_embeds)  # [B, T, C], after dropout
         t = hidden.shape[1]
         use_cache = self.causal and (use_cache if use_cache is not None else self.config.use_cache)
-        if self.training and self.is_activation_checkpointing:
+        if self.training and self.checkpointing():
             use_cache = False
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

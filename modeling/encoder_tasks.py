@@ -42,7 +42,10 @@ class EncoderTaskModel(EncoderPreTrainedModel, TaskModel):
         needs_pooler = any(recipe.heads[task].pool == "pooler" for task in self.tasks)
         self.model = self.base_model_class(config, add_pooling_layer=needs_pooler)
         if recipe.stack.pooler is not None and not needs_pooler:  # checkpoints often carry it (bert-base-uncased)
-            self._keys_to_ignore_on_load_unexpected = [r"^model\.pooler\."]
+            self._keys_to_ignore_on_load_unexpected = [
+                *(self._keys_to_ignore_on_load_unexpected or []),
+                r"^model\.pooler\.",
+            ]
         self.add_heads(config, recipe.heads, config.hidden_size)
         self.sparse_prediction = recipe.sparse_prediction
         self.post_init()

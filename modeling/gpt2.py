@@ -80,7 +80,7 @@ def gpt2_recipe(config) -> Recipe:
         ),
         heads={
             "causal_lm": HeadSpec(at="lm_head", bias=False),
-            "sequence_classification": HeadSpec(pool="last_real", at="score", bias=False),
+            "sequence_classification": HeadSpec(at="score", bias=False),
             "token_classification": HeadSpec(dropout=token_dropout, at="classifier"),
         },
     )

@@ -88,6 +88,17 @@ class HeadSpec:
     at: str = ""  # where the projection lives: "lm_head.decoder" (inside), "classifier" (beside), "" (none)
     bias: bool = True  # on the projection
 
+    @property
+    def owner(self) -> str:
+        """The task model's attribute holding the projection: the head itself (`lm_head` of `lm_head.decoder`),
+        or the projection where it sits beside the head (`classifier`)."""
+        return self.at.partition(".")[0]
+
+    @property
+    def projection(self) -> str:
+        """The projection's name inside the head (`decoder` of `lm_head.decoder`); "" where it has none."""
+        return self.at.partition(".")[2]
+
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"unknown pool {self.pool!r}; valid: {', '.join(sorted(POOLS))}")
@@ -107,9 +118,8 @@ class Head(nn.Module):
         self.act = activation(t.activation) if t is not None else nn.Identity()
         self.norm = build_norm(t.norm, width, t.norm_eps) if t is not None else nn.Identity()
         self.dropout = nn.Dropout(spec.dropout)
-        self.projection = spec.at.partition(".")[2]  # "" where the head has none of its own
-        if self.projection:
-            self.add_module(self.projection, Linear(width, out_features, bias=spec.bias))
+        if spec.projection:
+            self.add_module(spec.projection, Linear(width, out_features, bias=spec.bias))
 
     def forward(
         self,
@@ -119,4 +129,4 @@ class Head(nn.Module):
     ) -> torch.Tensor:  # [B, (T,) O] with a projection inside, else [B, (T,) C]
         x = self.pool(hidden, mask, pooled)
         x = self.dropout(self.norm(self.act(self.dense(self.input_dropout(x)))))
-        return getattr(self, self.projection)(x) if self.projection else x
+        return getattr(self, self.spec.projection)(x) if self.spec.projection else x

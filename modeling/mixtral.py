@@ -22,7 +22,7 @@ from .decoder import (
 )
 from .embeddings import EmbeddingSpec
 from .heads import HeadSpec
-from .moe import MoESpec, TopKRouter, load_balancing_loss, router_z_loss
+from .moe import MoESpec, RouterLogits, load_balancing_loss, router_z_loss
 from .stack import Recipe, StackSpec
 
 
@@ -65,7 +65,7 @@ def mixtral_recipe(config) -> Recipe:
         ),
         heads={
             "causal_lm": HeadSpec(at="lm_head", bias=False),
-            "sequence_classification": HeadSpec(pool="last_real", at="score", bias=False),
+            "sequence_classification": HeadSpec(at="score", bias=False),
         },
     )
 
@@ -75,7 +75,7 @@ class FivefoldMixtralPreTrainedModel(DecoderPreTrainedModel):
     recipe = staticmethod(mixtral_recipe)
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
     _no_split_modules = ["TokenEmbeddings", "Attention", "GatedFeedForward"]
-    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": TopKRouter}
+    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": RouterLogits}
 
 
 class FivefoldMixtralModel(FivefoldMixtralPreTrainedModel, DecoderModel):

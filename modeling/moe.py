@@ -34,19 +34,30 @@ class MoESpec:
 
 
 class TopKRouter(nn.Linear):
-    """Mixtral's routing: a linear layer scoring every expert (`router.weight` [E, C], no bias), then softmax over
-    all experts in fp32, the top k kept and renormalised to sum to one. Its forward is the linear layer's, so that
-    tools that adapt linear layers (LoRA) and output recorders (the router logits) see the scores."""
+    """Mixtral's router: a linear layer scoring every expert (`router.weight` [E, C], no bias). An nn.Linear, so
+    that tools adapting linear layers reach it (LoRA's "all-linear" adapts stock's router too); the routing is
+    `top_k_routing` on its scores."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int):
+    def __init__(self, hidden_size: int, num_experts: int):
         super().__init__(hidden_size, num_experts, bias=False)
-        self.top_k = top_k
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [N, C] -> weights [N, R] fp32, experts [N, R]
-        probs = torch.softmax(self(x).float(), dim=-1)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        return weights / weights.sum(dim=-1, keepdim=True), experts
+    def reset_parameters(self) -> None:
+        # A model initialises it by role (`_init_weights`); here it only starts finite, drawing no random numbers,
+        # so that building a model consumes the random stream exactly as a model with a bare router parameter.
+        nn.init.zeros_(self.weight)
+
+
+class RouterLogits(nn.Identity):
+    """The logits that route the tokens pass through here, where `output_router_logits` records them: after the
+    router, with whatever a tool adapting it (LoRA) adds."""
+
+
+def top_k_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral's routing: softmax over all experts in fp32, the top k kept and renormalised to sum to one.
+    logits [N, E] -> weights [N, R] fp32, experts [N, R]."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), experts
 
 
 class MixtureOfExperts(nn.Module):
@@ -54,7 +65,8 @@ class MixtureOfExperts(nn.Module):
         super().__init__()
         self.top_k = spec.top_k
         self.jitter_noise = spec.jitter_noise
-        self.router = TopKRouter(spec.hidden_size, spec.num_experts, spec.top_k)
+        self.router = TopKRouter(spec.hidden_size, spec.num_experts)
+        self.router_logits = RouterLogits()
         expert = FeedForwardSpec("gated", spec.hidden_size, spec.expert_size, spec.activation, bias=False)
         self.experts = nn.ModuleList(GatedFeedForward(expert) for _ in range(spec.num_experts))
 
@@ -62,7 +74,8 @@ class MixtureOfExperts(nn.Module):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
         if self.training and self.jitter_noise > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-        weights, experts = self.router.route(x)  # on the router's device, which a device_map may choose
+        logits = self.router_logits(self.router(x))  # [N, E], on the router's device (a device_map may choose it)
+        weights, experts = top_k_routing(logits, self.top_k)
         return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:

@@ -56,21 +56,27 @@ class Stack(FivefoldPreTrainedModel):
         if add_pooling_layer and spec.pooler is None:
             raise ValueError(f"{type(self).__name__} has no pooler: pass add_pooling_layer=False")
         width = spec.blocks[0].attention.hidden_size
+        # In the order the earlier per-family stacks registered them: building a model draws its random init,
+        # and device_map places its modules, in this order.
         self.embeddings = EMBEDDINGS[type(spec.embeddings)](spec.embeddings)
-        self.layers = nn.ModuleList(Block(config, block, i) for i, block in enumerate(spec.blocks))
-        self.norm = build_norm(spec.norm, width, spec.norm_eps)
-        self.dropout = nn.Dropout(spec.dropout)
         self.relative_bias = RelativePositionBias(spec.relative_bias) if spec.relative_bias is not None else None
-        wants_pooler = spec.pooler is not None and add_pooling_layer is not False
-        self.pooler = Head(spec.pooler, width) if wants_pooler else None
-        self.windows = tuple(block.attention.window for block in spec.blocks)
         # One (cos, sin) table per distinct (head width, base); each rotary block reads the one of its own.
         rotary = [
-            (layer.attn.head_dim, b.attention.rotary_theta) for layer, b in zip(self.layers, spec.blocks, strict=True)
+            (b.attention.head_dim or width // b.attention.num_heads, b.attention.rotary_theta) for b in spec.blocks
         ]
         tables = list(dict.fromkeys(r for r in rotary if r[1] is not None))
         self.rotary = nn.ModuleList(RotaryEmbedding(head_dim, theta) for head_dim, theta in tables)
         self.rotary_of_block = [tables.index(r) if r[1] is not None else None for r in rotary]
+        self.layers = nn.ModuleList(Block(config, block, i) for i, block in enumerate(spec.blocks))
+        self.norm = build_norm(spec.norm, width, spec.norm_eps)
+        self.dropout = nn.Dropout(spec.dropout)
+        wants_pooler = spec.pooler is not None and add_pooling_layer is not False
+        self.pooler = Head(spec.pooler, width) if wants_pooler else None
+        self.windows = tuple(block.attention.window for block in spec.blocks)
+
+    def checkpointing(self) -> bool:
+        """Whether activation checkpointing is on (transformers' `is_activation_checkpointing` walks every module)."""
+        return any(layer.gradient_checkpointing for layer in self.layers)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.word_embeddings

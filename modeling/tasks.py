@@ -29,19 +29,18 @@ class TaskModel(FivefoldPreTrainedModel):
         self.head_specs = {task: heads[task] for task in self.tasks}
         for task, size in self.tasks.items():
             spec, size = heads[task], getattr(config, size) if isinstance(size, str) else size
-            owner, _, inside = spec.at.partition(".")
-            if inside:
-                self.add_module(owner, Head(spec, width, size))
+            if spec.projection:
+                self.add_module(spec.owner, Head(spec, width, size))
             else:  # the head pools and transforms; the task model projects
                 if hasattr(self, "head"):
                     raise ValueError(f"{type(self).__name__}: two heads beside their projections would both be `head`")
                 self.head = Head(spec, width)
-                self.add_module(owner, Linear(width, size, bias=spec.bias) if size else nn.Identity())
+                self.add_module(spec.owner, Linear(width, size, bias=spec.bias) if size else nn.Identity())
         if self.output_task is not None:
             tied = {f"{heads[self.output_task].at}.weight": self.input_embeddings_key}
             self._tied_weights_keys = {**(self._tied_weights_keys or {}), **tied}
         own = {name for name, _ in self.named_children()}
-        others = {spec.at.partition(".")[0] for spec in heads.values()} | {"head"}
+        others = {spec.owner for spec in heads.values()} | {"head"}
         ignored = [rf"^{re.escape(name)}\." for name in sorted(others - own)]
         self._keys_to_ignore_on_load_unexpected = [*(self._keys_to_ignore_on_load_unexpected or []), *ignored]
 
@@ -52,7 +51,7 @@ class TaskModel(FivefoldPreTrainedModel):
         mask: torch.Tensor | None = None,  # [B, T]: the real tokens, for pools that need them
         pooled: torch.Tensor | None = None,  # [B, C]: the backbone's pooler output
     ) -> torch.Tensor:  # [B, (T,) O]
-        owner = getattr(self, self.head_specs[task].at.partition(".")[0])
+        owner = getattr(self, self.head_specs[task].owner)
         if isinstance(owner, Head):
             return owner(hidden, mask, pooled)
         return owner(self.head(hidden, mask, pooled))
@@ -67,5 +66,7 @@ class TaskModel(FivefoldPreTrainedModel):
         return None if self.output_task is None else self.get_submodule(self.head_specs[self.output_task].at)
 
     def set_output_embeddings(self, value: nn.Module) -> None:
+        if self.output_task is None:
+            raise AttributeError(f"{type(self).__name__} has no output embeddings")
         parent, _, name = self.head_specs[self.output_task].at.rpartition(".")
         setattr(self.get_submodule(parent) if parent else self, name, value)

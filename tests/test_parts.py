@@ -184,6 +184,32 @@ def test_lora_configs_match_the_conventional_names(converted):
     assert trainable and all(p.grad is not None for p in trainable if p.dim() == 2)
 
 
+def test_lora_all_linear_adapts_the_router_and_records_what_routed(converted):
+    """The router is a linear layer, so "all-linear" adapts it as it does stock Mixtral's; the router logits
+    recorded for the auxiliary loss are the adapted ones that routed the tokens."""
+    import peft
+
+    _, dst = converted("mixtral", "MixtralForCausalLM")
+    model = transformers.AutoModelForCausalLM.from_pretrained(dst)
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    routers = [m for name, m in lora.named_modules() if name.endswith("mlp.router") and hasattr(m, "lora_A")]
+    assert len(routers) == model.config.num_hidden_layers
+    for router in routers:  # a non-zero adaptation, so that adapted and plain logits differ
+        torch.nn.init.normal_(router.lora_B["default"].weight)
+    used = []  # (router, its input, the adapted logits it returned)
+    hooks = [r.register_forward_hook(lambda m, args, out: used.append((m, args[0], out))) for r in routers]
+    ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    out = lora(input_ids=ids, labels=ids, output_router_logits=True)
+    for hook in hooks:
+        hook.remove()
+    assert len(out.router_logits) == len(used) == len(routers)
+    for recorded, (router, x, adapted) in zip(out.router_logits, used, strict=True):
+        assert torch.equal(recorded, adapted)
+        assert not torch.allclose(router.base_layer(x), adapted)
+    out.loss.backward()
+    assert all(r.lora_A["default"].weight.grad is not None for r in routers)
+
+
 def test_rotary_matches_stock_and_survives_meta_loading():
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralRotaryEmbedding, apply_rotary_pos_emb
