@@ -70,6 +70,7 @@ def _run_until(script: str, args: list, marker: Path, timeout: float = 240) -> s
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_old", [False, True], ids=["fresh", "force-over-old"])
 def test_conversion_killed_mid_write(stock_checkpoint, old_dst, tmp_path, with_old):
     src = stock_checkpoint("roberta", "RobertaForMaskedLM")
@@ -115,6 +116,7 @@ KILLED_MID_SWAP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_interrupted_two_step_swap_restores_old_destination(stock_checkpoint, old_dst):
     src = stock_checkpoint("roberta", "RobertaForMaskedLM")
     dst, before = old_dst

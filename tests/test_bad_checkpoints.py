@@ -169,6 +169,7 @@ def test_pickle_that_runs_code_is_refused(bert_src, tmp_path, zip_format):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_cli_reports_errors_without_a_traceback(bert_src, tmp_path):
     (bert_src / "config.json").write_text("{not json")
     result = _cli("convert", bert_src, tmp_path / "dst")
@@ -213,6 +214,7 @@ def test_unsupported_head_is_named(bert_src, tmp_path):
     _assert_fails(bert_src, tmp_path / "dst", "BertLMHeadModel", "supported")
 
 
+@pytest.mark.slow
 def test_verify_cli_prints_diffs(converted):
     src, dst = converted("roberta", "RobertaForMaskedLM")
     result = _cli("verify", src, dst)

@@ -1,7 +1,6 @@
 """ModernBERT against stock on the same weights: every head, padded and unpadded, rows longer than the sliding
-window (fp32, 1e-4); config forms; losses; round trip; conversion at the public size on the meta device."""
-
-import json
+window (fp32, 1e-4); config forms; losses; the fused projections; the public config's layer pattern. (The round
+trip: test_roundtrip.py; conversion at the public size: test_meta.py.)"""
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ from safetensors.torch import load_file
 import fivefold
 from fivefold.architectures import architecture_for_model_type, stock_class_name
 from fivefold.conversion.samples import build_stock_checkpoint
-from fivefold.conversion.source import build_config
-from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 from fivefold.conversion.verify import compare
+
+from helpers import plan_on_meta, public_stock_model, shapes_on_disk
 
 ARCH = architecture_for_model_type("modernbert")
 HEADS = [stock_class_name(cls) for cls in ARCH.models.values()]
@@ -158,18 +157,6 @@ def test_sparse_prediction_matches_stock(converted):
     assert (a.logits - b.logits).abs().max() <= TOL and abs(a.loss - b.loss) <= TOL
 
 
-@pytest.mark.parametrize("stock_name", ["ModernBertForMaskedLM", "ModernBertModel"])
-def test_export_restores_stock_checkpoint(converted, tmp_path, stock_name):
-    src, dst = converted(stock_name)
-    ours = load_file(next(dst.glob("*.safetensors")))
-    assert "model.layers.1.mlp.gate_proj.weight" in ours or "layers.1.mlp.gate_proj.weight" in ours
-    out = fivefold.export(dst, tmp_path / "stock-again", progress=False)
-    original, exported = load_file(next(src.glob("*.safetensors"))), load_file(next(out.glob("*.safetensors")))
-    assert set(original) == set(exported)
-    assert all(torch.equal(original[k], exported[k]) for k in original)
-    assert json.loads((out / "config.json").read_text())["model_type"] == "modernbert"
-
-
 def test_fused_projections_split_as_stock_uses_them(converted):
     """Wqkv = [query; key; value]; Wi = [input; gate] with act(input) * gate, so input is our gate_proj."""
     src, dst = converted("ModernBertModel")
@@ -182,28 +169,9 @@ def test_fused_projections_split_as_stock_uses_them(converted):
     assert isinstance(ours.layers[0].norm_before_attn, torch.nn.Identity)  # as stock's first layer
 
 
-MODERNBERT_BASE = dict(
-    vocab_size=50368, hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
-    max_position_embeddings=8192, global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0,
-    local_rope_theta=10000.0, pad_token_id=50283, norm_bias=False, attention_bias=False, mlp_bias=False,
-)  # fmt: skip
-
-
-@pytest.mark.parametrize("stock_class", ["ModernBertForMaskedLM", "ModernBertModel"])
-def test_public_size_conversion_is_complete(stock_class):
-    stock_config = transformers.AutoConfig.for_model("modernbert", **MODERNBERT_BASE)
-    with torch.device("meta"):
-        stock = getattr(transformers, stock_class)(stock_config)
-    shapes = {k: tuple(v.shape) for k, v in stock.state_dict().items()}
-    target = ARCH.class_named(stock_class)
-    config = build_config(ARCH, {**stock_config.to_dict(), "architectures": [stock_class]}, target, None)
-    plan = ARCH.keys(config).plan(shapes, ARCH.stock_prefix, our_prefix(ARCH, target))
-    produced, tied = check_plan(ARCH, target, config, plan, shapes, strict=True)
-    expected, _ = expected_tensors(target, config)
-    accounted = {s for step in plan.steps for s in step.sources} | set(plan.dropped) | {a for a, _ in plan.aliases}
-    assert accounted == set(shapes)
-    assert set(expected) - set(tied) <= set(produced) <= set(expected)  # a tied decoder may be stored too
-    assert all(produced[k] == expected[k] for k in produced)
-    params = sum(torch.Size(s).numel() for k, s in expected.items() if k not in tied)
-    assert params > 140_000_000  # ModernBERT-base: 149M
+def test_public_config_alternates_global_and_local_layers():
+    """ModernBERT-base's config.json (the legacy form) as fivefold reads it: every third layer global, a window of
+    64 positions each side. (Its conversion at the public size: test_meta.py.)"""
+    stock = public_stock_model(ARCH, ARCH.public["answerdotai/ModernBERT-base"], "ModernBertModel")
+    config = plan_on_meta(ARCH, stock, shapes_on_disk(stock)).config
     assert config.layer_types.count("full_attention") == 8 and config.sliding_window == 64

@@ -50,6 +50,7 @@ NETWORK_BLOCKED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_no_network_calls(tmp_path):
     # Not offline mode: nothing may even try, whatever HF_HUB_OFFLINE says.
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}

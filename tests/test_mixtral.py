@@ -1,21 +1,30 @@
-"""Mixtral against stock MixtralForCausalLM on the same tiny random weights: greedy generation (plain, sharded,
-sliding window), the router outputs and the auxiliary losses, jitter noise in training, incremental decoding,
-and the lossless round trip."""
+"""Mixtral against stock on the same tiny random weights: sharded checkpoints (converted, loaded directly, round
+trip), a sliding window shorter than the prompt, the router outputs and the auxiliary losses, jitter noise in
+training, incremental decoding, config rules; experts as placeable units (split across devices, the saved layout
+independent of placement); Mixtral-8x7B's per-expert files at the public size on the meta device.
+(generate() against stock: test_generation.py; the MoE layer alone: test_moe_layer.py.)"""
 
 import json
+import re
 
 import pytest
 import torch
 import transformers
 from huggingface_hub.errors import StrictDataclassClassValidationError
+from safetensors.torch import load_file
+from transformers.integrations.accelerate import _get_device_map
 
 import fivefold
 from fivefold import FivefoldMixtralConfig, FivefoldMixtralForCausalLM
+from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.inputs import causal_text_sample
 from fivefold.conversion.samples import build_stock_checkpoint
 from fivefold.conversion.verify import verify
 from fivefold.modeling.moe import router_z_loss
 
+from helpers import plan_on_meta, public_stock_model, read_tensors, shapes_on_disk, stock_parameters
+
+ARCH = architecture_for_model_type("mixtral")
 TOL = 1e-4
 NEW_TOKENS = 24
 
@@ -49,36 +58,7 @@ def sharded(tmp_path_factory):
     return root / "stock-sharded", fivefold.convert(root / "stock-sharded", root / "fivefold", progress=False)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_greedy_generation_matches_stock(converted, attn, linear_path):
-    src, dst = converted("mixtral", "MixtralForCausalLM")
-    stock, _ = _stock_and_ours(src, attn)
-    ours = FivefoldMixtralForCausalLM.from_pretrained(dst, attn_implementation=attn).eval()
-    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")  # ragged, left-padded prompts
-    assert inputs["attention_mask"][:, 0].min() == 0
-    expected, got = _greedy(stock, inputs), _greedy(ours, inputs)
-    assert got.shape[1] == inputs["input_ids"].shape[1] + NEW_TOKENS
-    assert torch.equal(expected, got)
-
-
-@pytest.mark.parametrize(
-    "options",
-    [dict(do_sample=True, top_k=20, temperature=0.8), dict(num_beams=3, do_sample=False)],
-    ids=["sampling", "beam-search"],
-)
-def test_sampling_and_beam_search_match_stock(converted, options, linear_path):
-    src, dst = converted("mixtral", "MixtralForCausalLM")
-    stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
-    ours = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()
-    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
-    runs = []
-    for model in (stock, ours):
-        torch.manual_seed(0)
-        with torch.no_grad():
-            runs.append(model.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **options))
-    assert torch.equal(*runs)
-
-
+@pytest.mark.slow
 def test_sharded_stock_checkpoint_converts_and_loads_directly(sharded):
     src, dst = sharded
     assert max(verify(src, dst).values()) <= TOL
@@ -93,18 +73,9 @@ def test_sharded_stock_checkpoint_converts_and_loads_directly(sharded):
 
 
 def test_sharded_round_trip_is_lossless(sharded, tmp_path):
-    from safetensors.torch import load_file
-
     src, dst = sharded
     out = fivefold.export(dst, tmp_path / "stock-again", max_shard_size="40KB", progress=False)
-
-    def tensors(folder):
-        found = {}
-        for file in folder.glob("*.safetensors"):
-            found.update(load_file(file))
-        return found
-
-    original, exported = tensors(src), tensors(out)
+    original, exported = read_tensors(src), read_tensors(out)
     assert set(original) == set(exported)
     assert all(torch.equal(original[k], exported[k]) for k in original)
 
@@ -186,11 +157,6 @@ def test_incremental_decoding_equals_full_forward(converted):
     assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
 
 
-def test_sequence_classification_with_padding_matches_stock(converted):
-    src, dst = converted("mixtral", "MixtralForSequenceClassification")
-    assert max(verify(src, dst).values()) <= TOL
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -205,15 +171,104 @@ def test_config_refuses_inconsistent_fields(fields, message):
         FivefoldMixtralConfig(**{"hidden_size": 32, "intermediate_size": 40, **fields})
 
 
-def test_converted_mixtral_loads_as_remote_code_without_fivefold(converted, tmp_path):
-    from test_remote_code import _remote_logits
-
-    src, dst = converted("mixtral", "MixtralForCausalLM")
+def test_converted_folder_ships_the_moe_and_decoder_modules(converted):
+    _, dst = converted("mixtral", "MixtralForCausalLM")
     assert {"modeling_mixtral.py", "modeling_moe.py", "modeling_decoder.py"} <= {p.name for p in dst.glob("*.py")}
-    stock = transformers.MixtralForCausalLM.from_pretrained(src).eval()
-    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
-    remote = _remote_logits(tmp_path, dst, "AutoModelForCausalLM", inputs)
-    assert remote["cls"] == "FivefoldMixtralForCausalLM" and remote["module"].startswith("transformers_modules.")
+
+
+# --- experts as placeable units ------------------------------------------------------------------------------
+
+
+def _split_layer_map(config, on_disk: set[int]) -> dict[str, str]:
+    """Everything on the CPU, except the given experts of layer 0, which are offloaded to disk."""
+    device_map = {"model.embeddings": "cpu", "model.rotary": "cpu", "model.norm": "cpu", "lm_head": "cpu"}
+    for part in ("norm_before_attn", "attn", "norm_before_mlp", "mlp.router"):
+        device_map[f"model.layers.0.{part}"] = "cpu"
+    for e in range(config.num_local_experts):
+        device_map[f"model.layers.0.mlp.experts.{e}"] = "disk" if e in on_disk else "cpu"
+    for i in range(1, config.num_hidden_layers):
+        device_map[f"model.layers.{i}"] = "cpu"
+    return device_map
+
+
+def test_experts_of_one_layer_on_cpu_and_disk_give_the_same_logits(converted, tmp_path):
+    _, dst = converted("mixtral", "MixtralForCausalLM")
+    plain = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()
+    device_map = _split_layer_map(plain.config, on_disk={1, 3})
+    placed = FivefoldMixtralForCausalLM.from_pretrained(
+        dst, device_map=device_map, offload_folder=tmp_path / "offload"
+    ).eval()
+    assert placed.hf_device_map["model.layers.0.mlp.experts.1"] == "disk"
+    assert placed.hf_device_map["model.layers.0.mlp.experts.0"] == "cpu"
+    offloaded = placed.model.layers[0].mlp.experts[1]
+    assert offloaded.up_proj.weight.device.type == "meta"  # really on disk until its turn
+    assert hasattr(offloaded, "_hf_hook") and not hasattr(placed.model.layers[0].mlp, "_hf_hook")
+
+    inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
     with torch.no_grad():
-        expected = stock(**inputs).logits
-    assert (remote["logits"] - expected)[inputs["attention_mask"].bool()].abs().max() <= TOL
+        expected, got = plain(**inputs).logits, placed(**inputs).logits
+        assert torch.equal(plain.generate(**inputs, max_new_tokens=8), placed.generate(**inputs, max_new_tokens=8))
+    assert (expected - got).abs().max() <= 1e-5
+
+    placed.save_pretrained(tmp_path / "saved")  # the layout is the same wherever the experts sat
+    saved, original = load_file(tmp_path / "saved" / "model.safetensors"), load_file(dst / "model.safetensors")
+    assert set(saved) == set(original)
+    assert all(torch.equal(saved[k], original[k]) for k in original)
+
+
+def test_auto_device_map_splits_one_layers_experts_across_gpus():
+    config = FivefoldMixtralConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=8,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = FivefoldMixtralForCausalLM(config)
+    expert = 3 * 64 * 256 * 4  # bytes of one SwiGLU expert in fp32
+    front = (1000 * 64 + 4 * 64 * 64 + 2 * 64) * 4  # embeddings, attention, norms, router of layer 0
+    max_memory = {0: front + int(2.5 * expert), 1: 4 * expert, 2: 10**9, "cpu": 10**9}  # three simulated GPUs
+    device_map = _get_device_map(model, "sequential", max_memory, None)  # what from_pretrained computes
+
+    layer0 = {device_map[f"model.layers.0.mlp.experts.{e}"] for e in range(8)}
+    assert {0, 1} <= layer0  # one layer's experts on two GPUs
+    assert "model.layers.0" not in device_map and "model.layers.0.attn" in device_map
+    assert not any(k.startswith("model.layers.0.mlp.experts.0.") for k in device_map)  # an expert stays whole
+
+
+# --- Mixtral-8x7B at its public size -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stock_class", ["MixtralForCausalLM", "MixtralModel"])
+def test_mixtral_8x7b_per_expert_files_convert_completely(stock_class):
+    """The public files hold one tensor per expert projection; transformers 5 fuses the experts in memory and
+    writes them per expert again on saving: every stock tensor accounted for, eight whole experts per layer."""
+    stock = public_stock_model(ARCH, ARCH.public["mistralai/Mixtral-8x7B-v0.1"], stock_class)
+    shapes = {}
+    for key, tensor in stock.state_dict().items():
+        fused = re.match(r"(.*)\.mlp\.experts\.(gate_up_proj|down_proj)$", key)
+        if not fused:
+            shapes[key.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = tuple(tensor.shape)
+            continue
+        prefix, name = fused.groups()
+        experts, rows, cols = tensor.shape
+        for e in range(experts):
+            base = f"{prefix}.block_sparse_moe.experts.{e}"
+            if name == "down_proj":
+                shapes[f"{base}.w2.weight"] = (rows, cols)
+            else:
+                shapes[f"{base}.w1.weight"] = shapes[f"{base}.w3.weight"] = (rows // 2, cols)
+    assert shapes == shapes_on_disk(stock)  # the public layout is what save_pretrained writes
+    meta = plan_on_meta(ARCH, stock, shapes)
+    expected = meta.expected
+
+    assert {s for step in meta.plan.steps for s in step.sources} == set(shapes) and not meta.plan.dropped
+    assert set(meta.produced) == set(expected) and not meta.tied
+    assert all(meta.produced[k] == expected[k] for k in expected)
+    layer = "model.layers.31" if stock_class.endswith("CausalLM") else "layers.31"
+    experts = {
+        k.removeprefix(f"{layer}.mlp.experts.").split(".")[0] for k in expected if k.startswith(f"{layer}.mlp.experts.")
+    }
+    assert experts == {str(e) for e in range(8)}
+    assert expected[f"{layer}.mlp.experts.7.down_proj.weight"] == (4096, 14336)
+    assert expected[f"{layer}.attn.k_proj.weight"] == (1024, 4096)  # 8 key/value heads of 128
+    assert expected[f"{layer}.mlp.router.weight"] == (8, 4096)
+    assert meta.parameters == stock_parameters(stock)  # 46.7B: really the public size

@@ -1,6 +1,8 @@
 """T5 against stock transformers on the same tiny random weights, through the production converter: both flavours
 (v1.0 relu + tied head with output scaling; v1.1 gated-gelu + untied head), unequal depths, padded batches,
-losses, cached decoding, and generate() (greedy, beam, sampling) identical to stock."""
+losses, cached decoding, and generate() (greedy, beam, sampling) identical to stock; gradient checkpointing; the
+shipped code of the v1.1 flavour; old files (also at the public sizes, t5-small and flan-t5-base, on the meta
+device)."""
 
 import json
 
@@ -10,10 +12,13 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import fivefold
+from fivefold import FivefoldT5Config, FivefoldT5ForConditionalGeneration
 from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.samples import build_stock_checkpoint
 from fivefold.conversion.verify import compare, verify
 from fivefold.modeling.relative_position import RelativePositionBias, relative_position_bucket
+
+from helpers import RemoteJob, plan_on_meta, public_stock_model, run_without_fivefold, shapes_on_disk, stock_parameters
 
 TOL = 1e-4
 ARCH = architecture_for_model_type("t5")
@@ -272,3 +277,84 @@ def test_attention_weights_match_stock(checkpoints):
         assert len(getattr(b, key)) == layers
         for x, y in zip(getattr(a, key), getattr(b, key), strict=True):
             assert (x - y).abs().max() <= TOL
+
+
+@pytest.mark.slow
+def test_v1_1_forward_and_generate_as_remote_code(checkpoints, tmp_path):
+    """The gated v1.1 flavour through the shipped code, where fivefold cannot be imported: the encoder-decoder
+    modules travel, and forward and generate() give what they give with fivefold. (Every class of the tiny v1.0:
+    test_remote_code.py.)"""
+    _, dst = checkpoints["v1.1"]
+    assert set(json.loads((dst / "config.json").read_text())["auto_map"]) == {"AutoConfig", *ARCH.models}
+    shipped = {p.name for p in dst.glob("*.py")}
+    assert {"modeling_t5.py", "modeling_encoder_decoder.py", "configuration_t5.py"} <= shipped
+    ours = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst).eval()
+    inputs = ARCH.sample_inputs(ours.config, "T5Model", 0)
+    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+    generating = dict(max_new_tokens=6)
+    forward, generated = run_without_fivefold(
+        tmp_path,
+        [RemoteJob(dst, "AutoModelForSeq2SeqLM", inputs), RemoteJob(dst, "AutoModelForSeq2SeqLM", prompt, generating)],
+    )
+    assert forward["cls"] == generated["cls"] == "FivefoldT5ForConditionalGeneration"
+    with torch.no_grad():
+        assert (forward["outputs"]["logits"] - ours(**inputs).logits).abs().max() <= 1e-5
+    assert torch.equal(generated["outputs"]["sequences"], ours.generate(**prompt, **generating))
+
+
+@pytest.mark.parametrize(
+    ("hub_id", "stock_class"),
+    [
+        ("google-t5/t5-small", "T5ForConditionalGeneration"),
+        ("google/flan-t5-base", "T5ForConditionalGeneration"),
+        ("google/flan-t5-base", "T5EncoderModel"),
+    ],
+)
+def test_public_size_old_files_convert_completely(hub_id, stock_class):
+    """On the meta device, with the unused cross-attention bias that old files store."""
+    fields = ARCH.public[hub_id]
+    stock = public_stock_model(ARCH, fields, stock_class)
+    shapes = shapes_on_disk(stock)
+    bias = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+    if stock_class != "T5EncoderModel":
+        shapes[bias] = (32, fields["num_heads"])
+    meta = plan_on_meta(ARCH, stock, shapes)
+
+    assert meta.accounted == set(shapes)
+    assert meta.plan.dropped == ([] if stock_class == "T5EncoderModel" else [bias])
+    assert set(meta.expected) == set(meta.produced)
+    assert all(meta.produced[key] == meta.expected[key] for key in meta.expected)
+    assert meta.parameters == stock_parameters(stock)  # really the public size
+    if stock_class == "T5ForConditionalGeneration":  # v1.1 (FLAN) keeps its own head, without output scaling
+        own_head = fields.get("tie_word_embeddings") is False
+        assert meta.config.scale_decoder_outputs != own_head
+        assert meta.produced["lm_head.weight"] == (fields["vocab_size"], fields["d_model"])
+    with torch.device("meta"):
+        ours = ARCH.class_named(stock_class)(meta.config)
+    assert len(ours.encoder.layers) == fields["num_layers"]
+    assert ours.config.get_text_config(decoder=True).num_hidden_layers == meta.config.num_decoder_layers
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    config = FivefoldT5Config(
+        vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+        dropout_rate=0.0, decoder_start_token_id=0,
+    )  # fmt: skip
+    model = FivefoldT5ForConditionalGeneration(config).train()
+    batch = {
+        "input_ids": torch.randint(2, 99, (2, 9)),
+        "attention_mask": torch.tensor([[1] * 9, [1] * 6 + [0] * 3]),
+        "labels": torch.randint(2, 99, (2, 5)),
+    }
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        model(**batch).loss.backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    checkpointed = grads()
+    assert set(plain) == set(checkpointed) and "encoder.layers.0.attn.q_proj.weight" in plain
+    assert all(torch.allclose(plain[k], checkpointed[k], atol=1e-6) for k in plain)
