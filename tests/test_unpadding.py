@@ -22,15 +22,13 @@ def _models(converted, model_type):
     """The same weights twice, in training mode without dropout: padded (unpad_inputs=False) and unpadded."""
     arch = next(a for a in ARCHITECTURES if a.stock_model_type == model_type)
     _, dst = converted(model_type, arch.base_model.__name__.removeprefix("Fivefold"))
-    no_dropout = {
-        k: 0.0
-        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout", "attention_dropout")
-        if hasattr(arch.config_class(), k)
-    }
     padded, unpadded = (
-        arch.base_model.from_pretrained(dst, attn_implementation="sdpa", unpad_inputs=unpad, **no_dropout).train()
+        arch.base_model.from_pretrained(dst, attn_implementation="sdpa", unpad_inputs=unpad).train()
         for unpad in (False, True)
     )
+    for module in [*padded.modules(), *unpadded.modules()]:  # whatever the config calls its dropout rates
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     return padded, unpadded
 
 
