@@ -43,7 +43,8 @@ def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path)
             out, _ = proc.communicate()
         outputs.append(out)
     report = "\n".join(
-        f"--- process {i} (exit {p.returncode}) ---\n{o[-6000:]}" for i, (p, o) in enumerate(zip(procs, outputs))
+        f"--- process {i} (exit {p.returncode}) ---\n{o[-6000:]}"
+        for i, (p, o) in enumerate(zip(procs, outputs, strict=True))
     )
     if timed_out:
         raise AssertionError(f"timed out after {timeout} s (a hang)\n{report}")
