@@ -118,6 +118,12 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
     output_task = "causal_lm"
     output_class = CausalLMOutputWithPast
 
+    def __init__(self, config):
+        super().__init__(config)
+        # Trainer counts a causal LM's labels after the shift only for this loss type, which transformers reads off
+        # the class name: GPT2LMHeadModel's names none, and its loss would be divided by one label too many per row.
+        self.loss_type = "ForCausalLM"
+
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts
         returns its load-balancing loss and router logits here; dense decoders have none."""
