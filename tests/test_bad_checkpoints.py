@@ -417,7 +417,7 @@ def test_config_field_errors_name_the_field(bert_src, tmp_path, change, needles)
 def test_config_json_that_is_a_folder(bert_src, tmp_path):
     (bert_src / "config.json").unlink()
     (bert_src / "config.json").mkdir()
-    _assert_fails(bert_src, tmp_path / "dst", "config.json", "cannot read")
+    _assert_fails(bert_src, tmp_path / "dst", "config.json", "is a folder, not a regular file")
 
 
 WIDTH_AND_HEADS = (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"))
