@@ -86,8 +86,7 @@ class EncoderModel(EncoderStack):
         inputs_embeds: torch.Tensor | None = None,  # [B, T, C]
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        self.embeddings.check_inputs(input_ids, inputs_embeds)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         check_attention_mask(attention_mask, batch, length)
