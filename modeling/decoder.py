@@ -66,8 +66,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         token_type_ids: torch.Tensor | None = None,  # [B, T], only where the recipe embeds token types
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        self.embeddings.check_inputs(input_ids, inputs_embeds)
         kwargs.pop("output_attentions", None)  # read by capture_outputs; the kernels must not see them
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
@@ -121,6 +120,12 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
     tasks = {"causal_lm": "vocab_size"}
     output_task = "causal_lm"
     output_class = CausalLMOutputWithPast
+
+    def __init__(self, config):
+        super().__init__(config)
+        # Trainer counts a causal LM's labels after the shift only for this loss type, which transformers reads off
+        # the class name: GPT2LMHeadModel's names none, and its loss would be divided by one label too many per row.
+        self.loss_type = "ForCausalLM"
 
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts
@@ -197,7 +202,8 @@ class DecoderForSequenceClassification(DecoderTaskModel):
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         num_items = kwargs.pop("num_items_in_batch", None)
-        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
+        shapes = batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels)
+        check_labels("labels", labels, *shapes, integer=False)  # regression and multi-label targets are scores
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         batch = out.last_hidden_state.shape[0]
         real = real_tokens(input_ids, self.config.pad_token_id, batch, type(self).__name__)
