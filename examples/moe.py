@@ -86,7 +86,10 @@ def plot_routing(path, before: np.ndarray, after: np.ndarray) -> None:
     top = max(before.max(), after.max())
     for ax, counts, title in zip(axes, (before, after), ("before fine-tuning", "after"), strict=True):
         image = ax.imshow(counts, aspect="auto", cmap="viridis", vmin=0, vmax=top)
-        ax.set(title=title, xlabel="expert", xticks=range(counts.shape[1]))
+        layers = counts.shape[0]
+        ax.set(
+            title=title, xlabel="expert", xticks=range(counts.shape[1]), yticks=range(0, layers, max(1, layers // 10))
+        )
     axes[0].set_ylabel("layer")
     fig.colorbar(image, ax=axes, label="tokens routed (held-out snippets)")
     fig.suptitle("Upcycled SmolLM2 Mixtral: tokens per expert per layer")
