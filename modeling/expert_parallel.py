@@ -15,6 +15,8 @@ Shapes: N tokens, C channels, E experts, R experts per token, A assignments, G r
 X experts one rank holds (E / G, expert parallelism).
 """
 
+import re
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_autograd
@@ -124,9 +126,13 @@ def distribute(model: nn.Module, distributed_config, mesh_manager) -> nn.Module:
     model._is_distributed_loading_by_transformers = True
     model._tp_size, model._fsdp_size = distributed_config.tp_size, distributed_config.fsdp_size
     group = mesh_manager.get_mesh("ep").get_group()
-    for moe in expert_layers(model):
-        partition_experts(moe, group)
-        moe.batches = distributed_config.dp_size
+    for name, moe in model.named_modules():
+        if isinstance(moe, MixtureOfExperts):
+            partition_experts(moe, group)
+            moe.batches = distributed_config.dp_size
+            # The other ranks' experts are in the checkpoint and deliberately not read: not "unexpected".
+            remote = "|".join(str(e) for e, expert in enumerate(moe.experts) if isinstance(expert, RemoteExpert))
+            model._keys_to_ignore_on_load_unexpected.add(rf"^{re.escape(name)}\.experts\.({remote})\.")
     model.data_parallel_group = mesh_manager.get_mesh("fsdp").get_group()
     experts = local_expert_parameters(model)
     fsdp_mesh = mesh_manager.get_mesh("fsdp")
