@@ -8,10 +8,12 @@ from typing import Any, ClassVar
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
 
 from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
+from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
@@ -57,6 +59,13 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def init_parallel_plans(self) -> None:
+        super().init_parallel_plans()
+        # One plan serves every variant of an architecture (T5 with and without gates; a head model holds its base
+        # under a prefix): keep the rules that name a module of this model.
+        names = {replace_layer_number_by_wildcard(name) for name, _ in self.named_modules()}
+        self._tp_plan = {rule: style for rule, style in self._tp_plan.items() if rule in names}
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
