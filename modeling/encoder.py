@@ -7,7 +7,9 @@ Unpadded execution: when a text batch has padding, the real tokens are packed on
 ([B, T] -> [1, N]), every layer runs on them, attention stays within each sequence (padding.py), and the padded
 layout comes back only at the output, with zeros at padded positions. `config.unpad_inputs = False` turns it off;
 kernels.unpads says when it applies; traced graphs stay padded and zero the padding (tracing.py). Hidden states
-recorded with `output_hidden_states` come back padded too.
+recorded with `output_hidden_states` come back padded too. Documents already packed in one row (transformers'
+`DataCollatorWithFlattening`: [1, N] with position ids that restart per document, no mask) run on the same path,
+each attending within itself.
 
 Shapes: B batch, T time, N tokens (the real ones, packed), C channels, Ch image channels, Hi image height,
 Wi image width.
@@ -20,7 +22,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelO
 from transformers.utils.output_capturing import _active_collector, capture_outputs
 
 from .kernels import bidirectional_masks, check_attention_mask, unpadding_allowed, unpads
-from .padding import PackedSequences
+from .padding import PackedSequences, is_packed_row
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
 from .tracing import tracing
@@ -84,15 +86,18 @@ class EncoderModel(EncoderStack):
         inputs_embeds: torch.Tensor | None = None,  # [B, T, C]
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        self.embeddings.check_inputs(input_ids, inputs_embeds)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         check_attention_mask(attention_mask, batch, length)
+        # Documents packed in one row ([1, N], positions restarting per document) run as they come.
+        packed = (
+            PackedSequences.from_position_ids(position_ids) if is_packed_row(position_ids, attention_mask) else None
+        )
         if position_ids is None:
             position_ids = self.embeddings.position_ids(input_ids, batch, length, device)  # [B, T]
-        packed = PackedSequences.from_mask(attention_mask) if unpads(self.config, attention_mask) else None
-        if packed is not None:  # [B, T, ...] -> [1, N, ...] from here to the output
+        if packed is None and unpads(self.config, attention_mask):  # [B, T, ...] -> [1, N, ...] up to the output
+            packed = PackedSequences.from_mask(attention_mask)
             input_ids, token_type_ids, position_ids, inputs_embeds = (
                 packed.unpad(x) for x in (input_ids, token_type_ids, position_ids, inputs_embeds)
             )
