@@ -11,6 +11,7 @@ from torch import nn
 
 from .kernels import check_embeds_tensor, check_token_tensor
 from .norms import build_norm
+from .tracing import eager_only
 
 
 @dataclass(frozen=True)
@@ -43,19 +44,32 @@ def check_not_empty(shape: tuple[int, ...], name: str) -> None:
         raise ValueError(f"{name} has shape {list(shape)}: at least one sequence of at least one token is needed")
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
-    check_not_empty(tuple(input_ids.shape), name)
+@eager_only
+def check_token_ids_in_vocabulary(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
     if input_ids.numel() and bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
         bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)]
         raise ValueError(f"{name} hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
 
 
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
+    check_not_empty(tuple(input_ids.shape), name)
+    check_token_ids_in_vocabulary(input_ids, vocab_size, name)
+
+
+@eager_only
+def check_no_token_types(token_type_ids: torch.Tensor) -> None:
+    if bool(token_type_ids.ne(0).any()):
+        raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
+
+
+@eager_only
 def check_token_type_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> None:
     check_token_tensor(token_type_ids, "token_type_ids", dims=(1, 2))
     if token_type_ids.numel() and bool(((token_type_ids < 0) | (token_type_ids >= type_vocab_size)).any()):
         raise ValueError(f"token_type_ids must lie in [0, {type_vocab_size}) (type_vocab_size)")
 
 
+@eager_only
 def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
     check_token_tensor(position_ids, "position_ids", dims=(1, 2))
     if position_ids.numel() and bool((position_ids < 0).any()):
@@ -124,8 +138,8 @@ class TokenEmbeddings(nn.Module):
             else:
                 check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and not self.spec.token_types_from_words and bool(token_type_ids.ne(0).any()):
-            raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
+        elif token_type_ids is not None and not self.spec.token_types_from_words:
+            check_no_token_types(token_type_ids)
         if self.position_embeddings is not None:
             if position_ids is None:
                 position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)

@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import is_flash_attention_requested
 
 from .padding import PackedSequences
+from .tracing import tracing
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
 UNPADDED_KERNELS = ("sdpa",)
@@ -183,15 +184,21 @@ def window_kwargs(config, window: int | None, mask: object) -> dict:
     return {"sliding_window": flash_window(window)}
 
 
-def unpads(config, attention_mask: torch.Tensor | None) -> bool:
-    """Whether an encoder call runs on packed tokens: a [B, T] mask with padding, a config that allows it, and a
-    kernel that benefits (sdpa, flash: neither returns attention weights; eager, which does, stays padded)."""
+def unpadding_allowed(config, attention_mask: torch.Tensor | None) -> bool:
+    """Whether an encoder call may run on packed tokens: a [B, T] mask, a config that allows it, and a kernel that
+    benefits (sdpa, flash: neither returns attention weights; eager, which does, stays padded)."""
     if not getattr(config, "unpad_inputs", False) or attention_mask is None or attention_mask.dim() != 2:
         return False
     implementation = config._attn_implementation
-    if implementation not in UNPADDED_KERNELS and not is_flash_attention_requested(
+    return implementation in UNPADDED_KERNELS or is_flash_attention_requested(
         requested_attention_implementation=implementation
-    ):
+    )
+
+
+def unpads(config, attention_mask: torch.Tensor | None) -> bool:
+    """Whether an encoder call runs on packed tokens: allowed, and the mask has padding. Traced graphs stay
+    padded, as the packed sizes depend on the mask's values (tracing.py)."""
+    if tracing() or not unpadding_allowed(config, attention_mask):
         return False
     real = int(attention_mask.bool().sum())
     return 0 < real < attention_mask.numel()
@@ -221,12 +228,15 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
 def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
-    padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]."""
-    past = cache.get_seq_length() if cache is not None else 0
+    padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
+    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    static = cache is not None and cache.is_compileable
+    past = cache.get_seq_length() if cache is not None and not static else 0
 
     def build(window: int | None) -> object:
         if (
             hidden.shape[1] == 1
+            and not static
             and window is None
             and config._attn_implementation in ("sdpa", "eager")
             and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.shape[1] == past + 1))
@@ -241,12 +251,12 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
 
 def padding_allowed(attention_mask: torch.Tensor | None, key_length: int, name: str) -> torch.Tensor | None:
     """[B, S] 1/0 mask -> bool [B, 1, 1, S] (True = attend), or None without one or without padding (so that the
-    kernels add a [1, H, T, S] bias instead of reading a mask per row)."""
+    kernels add a [1, H, T, S] bias instead of reading a mask per row). Traced graphs always keep the mask."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[1] != key_length:
         raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, {key_length})")
-    if bool(attention_mask.all()):
+    if not tracing() and bool(attention_mask.all()):
         return None
     return attention_mask[:, None, None, :].bool()
 

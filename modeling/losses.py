@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from .kernels import check_token_tensor
+from .tracing import eager_only
 
 
 def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
@@ -54,6 +55,7 @@ def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | No
         raise ValueError(f"{name} has shape {list(labels.shape)}; these inputs need {want}")
 
 
+@eager_only
 def check_class_ids(labels: torch.Tensor, classes: int, ignore_index: int) -> None:
     """Out-of-range targets would fail inside the loss kernel (a device-side assert on GPU)."""
     if labels.dtype.is_floating_point or labels.numel() == 0:
