@@ -88,7 +88,8 @@ def read_config_if_any(name_or_path: str | os.PathLike) -> dict | None:
     """The config of a local folder or Hub repo, or None where there is none to read (transformers will say)."""
     path = Path(name_or_path)
     if path.is_dir():
-        return read_config(path) if (path / "config.json").is_file() else None
+        # Anything named config.json is read here, so that a FIFO or a device is refused rather than hung on.
+        return read_config(path) if os.path.lexists(path / "config.json") else None
     try:
         from huggingface_hub import hf_hub_download
 
