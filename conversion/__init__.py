@@ -2,7 +2,18 @@
 
 from .convert import convert, export
 from .errors import CheckpointWarning, ConversionError
+from .hub import push_folder
 from .loading import open_stock_checkpoint
 from .remote_code import write_remote_code
+from .verify import verify
 
-__all__ = ["CheckpointWarning", "ConversionError", "convert", "export", "open_stock_checkpoint", "write_remote_code"]
+__all__ = [
+    "CheckpointWarning",
+    "ConversionError",
+    "convert",
+    "export",
+    "open_stock_checkpoint",
+    "push_folder",
+    "verify",
+    "write_remote_code",
+]

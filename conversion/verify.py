@@ -1,11 +1,11 @@
 """verify: the stock model and ours on the same inputs, max abs difference per output."""
 
 import os
-from pathlib import Path
 
 import torch
 import transformers
 
+from .hub import HubRef
 from .source import architecture_of, model_class_of, read_config, resolve_source
 
 
@@ -45,11 +45,22 @@ def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
     return diffs
 
 
-def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dict[str, float]:
-    """Loads SRC with stock transformers and DST with fivefold, runs the architecture's sample batch (text: ragged
-    and padded) through both and returns the max abs difference of every floating output (logits, hidden states,
-    pooler output...)."""
-    src_folder, dst_folder = resolve_source(src), Path(dst)
+def verify(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    seed: int = 0,
+    *,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    dst_revision: str | None = None,
+    dst_subfolder: str | None = None,
+    token: str | bool | None = None,
+) -> dict[str, float]:
+    """Loads SRC with stock transformers and DST with fivefold (each a folder or a Hub id, at its own revision and
+    subfolder), runs the architecture's sample batch (text: ragged and padded) through both and returns the max abs
+    difference of every floating output (logits, hidden states, pooler output...)."""
+    src_folder = resolve_source(src, HubRef(revision, subfolder, token))
+    dst_folder = resolve_source(dst, HubRef(dst_revision, dst_subfolder, token))
     stock_cfg, our_cfg = read_config(src_folder), read_config(dst_folder)
     arch = architecture_of(stock_cfg, src_folder, want_stock=True)
     architecture_of(our_cfg, dst_folder, want_stock=False)

@@ -6,7 +6,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 
 from fivefold import conversion
 from fivefold.architectures import ARCHITECTURES, register
-from fivefold.conversion import CheckpointWarning, ConversionError, convert, export
+from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
 from fivefold.span_corruption import DataCollatorForSpanCorruption
 
@@ -30,5 +30,7 @@ __all__ = [
     "__version__",
     "convert",
     "export",
+    "push_folder",
+    "verify",
     *sorted(_classes),
 ]
