@@ -226,6 +226,9 @@ def _handler(hub: FrontHub):
         def do_POST(self):
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             parts, body = path.strip("/").split("/"), self._body()
+            if path.startswith("/fivefold-test/fail-commits/"):  # the tests' switch for server errors
+                hub.fail_commits = path.endswith("/on")
+                return self._json(200, {})
             if path == "/api/validate-yaml":
                 return self._json(200, {"errors": [], "warnings": []})
             if not self._authorised():

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from hub_server import FrontHub, Olah, client_env, mirror_repo, olah_cli, run_client
 from huggingface_hub import ModelCard
 
 from fivefold.conversion.samples import build_stock_checkpoint
 
-from helpers import WITHOUT_FIVEFOLD
+from helpers import WITHOUT_FIVEFOLD, read_tensors
 
 pytestmark = pytest.mark.slow
 TOKEN = "hf_fivefold_test_token"
@@ -56,29 +57,37 @@ def env(hub, name: str, token: str | None = TOKEN) -> dict:
     return client_env(hub.url, hub.root / f"home-{name}", token)
 
 
-# A fivefold process: CLI invocations and Python calls, each reported as one JSON line.
+# A fivefold process running steps in turn, each reported in one JSON list: a CLI invocation (argv), or Python
+# code that may set `out`. `fail commits on|off` turns the server's errors on or off.
 FIVEFOLD_STEPS = textwrap.dedent(
     """
-    import contextlib, io, json, sys
-    import huggingface_hub.constants
+    import contextlib, io, json, os, sys, urllib.request
+    import huggingface_hub.constants, torch
+    import fivefold
     from fivefold.cli import main
     results = []
-    for argv in json.loads(sys.argv[1]):
-        endpoint = huggingface_hub.constants.ENDPOINT
-        if argv[0] == "--endpoint":  # a dead port: no network
-            huggingface_hub.constants.ENDPOINT, argv = argv[1], argv[2:]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            rc = main(argv)
-        huggingface_hub.constants.ENDPOINT = endpoint
-        results.append({"argv": argv, "rc": rc, "stderr": err.getvalue()})
+    for step in json.loads(sys.argv[1]):
+        if isinstance(step, dict):
+            out = None
+            exec(step["python"])
+            if not step.get("setup"):
+                results.append({"out": out})
+            continue
+        if step[:2] == ["fail", "commits"]:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{huggingface_hub.constants.ENDPOINT}/fivefold-test/fail-commits/{step[2]}", method="POST"))
+            continue
+        err, printed = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed):
+            rc = main(step)
+        results.append({"argv": step, "rc": rc, "stderr": err.getvalue(), "stdout": printed.getvalue()})
     print(json.dumps(results))
     """
 )
 
 
-def fivefold_steps(hub, name: str, *argvs: list[str], token: str | None = TOKEN) -> list[dict]:
-    done = run_client(FIVEFOLD_STEPS, env(hub, name, token), json.dumps(argvs))
+def fivefold_steps(hub, name: str, *steps, token: str | None = TOKEN) -> list[dict]:
+    done = run_client(FIVEFOLD_STEPS, env(hub, name, token), json.dumps(steps))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -121,7 +130,7 @@ def stock_only(hub, name: str, step: str, tmp_path: Path) -> dict:
 def max_diff(a, b) -> float:
     """At the real tokens of the batch above (fivefold and stock differ where the logits are unused: at padding)."""
     real = torch.tensor([[1] * 6, [1] * 4 + [0] * 2]).bool()
-    return float((torch.tensor(a) - torch.tensor(b)).abs()[real].max())
+    return float((torch.as_tensor(a) - torch.as_tensor(b)).abs()[real].max())
 
 
 def test_convert_push_load_without_fivefold_finetune_push_reload(hub, tmp_path):
@@ -152,3 +161,79 @@ def test_convert_push_load_without_fivefold_finetune_push_reload(hub, tmp_path):
 
     again = stock_only(hub, "reload", "load", tmp_path)
     assert max_diff(again["ours"], first["tuned"]) <= 1e-6
+
+
+def ok(result: dict) -> dict:
+    assert result.get("rc", 0) == 0, result
+    return result
+
+
+def one_line_error(result: dict, *words: str) -> str:
+    assert result["rc"] == 2, result
+    line = result["stderr"].strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert all(w in line for w in words), line
+    return line
+
+
+LOGITS = """
+ids = torch.tensor([[2, 5, 7, 9, 11, 3], [2, 8, 4, 3, 0, 0]])
+model = fivefold.{cls}.from_pretrained({args}).eval()
+with torch.no_grad():
+    out = model(input_ids=ids, attention_mask=(ids != 0).long()).logits.tolist()
+"""
+
+
+def test_hub_options_and_failed_uploads(hub, tmp_path):
+    d = {name: str(tmp_path / name) for name in ("v2", "nested", "back", "py", "bad", "dead", "broken", "none")}
+    results = fivefold_steps(
+        hub,
+        "options",
+        ["convert", "org/stock", d["v2"], "--revision", "v2", "--quiet"],
+        ["push", d["v2"], "org/ff-v2", "--private", "--commit-message", "the v2 branch", "--token", TOKEN],
+        ["verify", "org/stock", "org/ff-v2", "--revision", "v2"],  # both Hub ids; the second private (HF_TOKEN)
+        ["export", "org/ff-v2", d["back"], "--quiet"],
+        ["convert", "org/nested", d["nested"], "--subfolder", "sub", "--quiet"],
+        {"python": LOGITS.format(cls="FivefoldBertForMaskedLM", args='"org/stock", revision="v2"')},
+        {"python": LOGITS.format(cls="FivefoldGPT2LMHeadModel", args='"org/nested", subfolder="sub"')},
+        {"python": f"fivefold.convert('org/stock', {d['py']!r}, progress=False, push_to_hub='org/ff-py')"},
+        ["convert", "org/stock", d["bad"], "--push-to-hub", "org/bad", "--token", "hf_wrong", "-q"],
+        ["fail", "commits", "on"],
+        ["push", d["v2"], "org/broken"],
+        ["fail", "commits", "off"],
+        {"python": "huggingface_hub.constants.ENDPOINT = 'http://127.0.0.1:9'", "setup": True},  # no network
+        ["push", d["v2"], "org/dead"],
+        {"python": "os.environ.pop('HF_TOKEN')", "setup": True},
+        ["convert", "org/stock", d["none"], "--push-to-hub", "org/none"],
+        ["convert", str(tmp_path / "missing" / "folder"), d["none"]],
+    )
+    assert len(results) == 13, [r.get("argv") for r in results]
+    convert_v2, push, verify, export, nested, bert_v2, gpt2_sub, python_push, bad, broken, dead, none, missing = results
+    assert ok(convert_v2)["stdout"] == "" and ok(export)["stdout"] == ""  # --quiet
+    v2_stock = hub.root / "v2"
+    assert json.loads(Path(d["back"], "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert read_tensors(Path(d["back"])).keys() == read_tensors(v2_stock).keys()
+    assert all(torch.equal(read_tensors(Path(d["back"]))[k], v) for k, v in read_tensors(v2_stock).items())
+    assert ok(push)["stdout"].startswith("pushed") and hub.repos["org/ff-v2"].private
+    assert hub.repos["org/ff-v2"].messages == ["initial commit", "the v2 branch"]
+    assert "within" in ok(verify)["stdout"]
+    assert ModelCard(hub.files("org/ff-v2")["README.md"].decode()).data.base_model == "org/stock"
+    ok(nested)
+    assert json.loads(Path(d["nested"], "config.json").read_text())["model_type"] == "fivefold_gpt2"
+    assert ModelCard(Path(d["nested"], "README.md").read_text()).data.base_model == "org/nested"
+
+    stock = transformers.BertForMaskedLM.from_pretrained(v2_stock).eval()
+    ids = torch.tensor([[2, 5, 7, 9, 11, 3], [2, 8, 4, 3, 0, 0]])
+    with torch.no_grad():
+        expected = stock(input_ids=ids, attention_mask=(ids != 0).long()).logits
+    assert max_diff(bert_v2["out"], expected) <= 1e-4
+    assert torch.tensor(gpt2_sub["out"]).shape[:2] == (2, 6)
+    assert python_push == {"out": None} and "config.json" in hub.files("org/ff-py")
+
+    one_line_error(bad, "org/bad", "nothing was pushed")
+    one_line_error(broken, "org/broken", "nothing was pushed", "500")
+    one_line_error(dead, "org/dead", "nothing was pushed")
+    assert not {"org/bad", "org/broken", "org/dead"} & set(hub.repos)  # a repo made for a failed push is gone
+    one_line_error(none, "needs a token")
+    assert not Path(d["none"]).exists()  # the missing token is found before any work
+    one_line_error(missing, "no such folder")
