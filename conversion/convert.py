@@ -16,6 +16,7 @@ from .keymap import Plan
 from .model_card import model_card
 from .reader import CheckpointReader, checked_getter
 from .remote_code import write_remote_code
+from .sentence_modules import copy_sentence_transformers_files, is_sentence_transformers
 from .side_files import copy_side_files
 from .source import (
     architecture_of,
@@ -63,6 +64,7 @@ def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, produced, 
     if (src / "generation_config.json").is_file():
         shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
     copy_side_files(src, tmp)
+    copy_sentence_transformers_files(src, tmp)
 
 
 def convert(
@@ -112,7 +114,8 @@ def convert(
         _write_weights_and_side_files(tmp, folder, plan, reader, produced, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
-        card = model_card(arch, target, str(src), folder, hub_id=hub_id, repo_id=push_to_hub)
+        where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
+        card = model_card(arch, target, str(src), folder, **where)
         (tmp / "README.md").write_text(card, encoding="utf-8")
     if push_to_hub is not None:
         push_folder(dst, push_to_hub, private=private, commit_message=commit_message, token=token)

@@ -65,14 +65,23 @@ def _carried(source_folder: Path) -> dict:
 
 
 def model_card(
-    arch, target: type, src: str, source_folder: Path, *, hub_id: str | None, repo_id: str | None, extra_tags=()
+    arch,
+    target: type,
+    src: str,
+    source_folder: Path,
+    *,
+    hub_id: str | None,
+    repo_id: str | None,
+    sentence_transformers: bool = False,
 ) -> str:
     """The card of a conversion of `src` (`hub_id`: the Hub repo it came from, None for a local folder; `repo_id`:
-    where it is pushed, for the usage snippet)."""
+    where it is pushed, for the usage snippet; `sentence_transformers`: the folder is a sentence-transformers
+    model)."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    tags = ["fivefold", arch.stock_model_type, *extra_tags]
-    data = ModelCardData(library_name="transformers", tags=tags, pipeline_tag=pipeline_tag(arch, target))
+    tags = ["fivefold", arch.stock_model_type, *(["sentence-transformers"] if sentence_transformers else [])]
+    task = "sentence-similarity" if sentence_transformers else pipeline_tag(arch, target)
+    data = ModelCardData(library_name="transformers", tags=tags, pipeline_tag=task)
     if hub_id is not None:
         data.base_model = hub_id
     for key, value in _carried(source_folder).items():
@@ -103,6 +112,16 @@ With stock transformers only (the modeling code ships in this repo):
 from transformers import {auto}
 
 model = {auto}.from_pretrained("{where}", trust_remote_code=True)
+```
+"""
+    if sentence_transformers:
+        body += f"""
+With sentence-transformers (its modules travel with the weights):
+
+```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{where}", trust_remote_code=True)  # or `import fivefold` first, without the flag
 ```
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}").content

@@ -28,13 +28,15 @@ def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PA
     roots = allowed_roots(src)
     for pattern in patterns:
         for path in sorted(src.glob(pattern)):
-            if not path.is_file() or path.suffix.lower() in _NOT_SIDE_FILES or (dst / path.name).exists():
+            name = path.relative_to(src).as_posix()  # a pattern may reach into a subfolder: kept as it is
+            if not path.is_file() or path.suffix.lower() in _NOT_SIDE_FILES or (dst / name).exists():
                 continue
             if not inside(path, roots):
-                raise ConversionError(f"{path.name} in {src} is a link to {path.resolve()}, outside the folder")
-            shutil.copy2(path, dst / path.name, follow_symlinks=True)
-            _drop_auto_map(dst / path.name)
-            copied.append(path.name)
+                raise ConversionError(f"{name} in {src} is a link to {path.resolve()}, outside the folder")
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dst / name, follow_symlinks=True)
+            _drop_auto_map(dst / name)
+            copied.append(name)
     return copied
 
 
