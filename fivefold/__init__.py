@@ -7,7 +7,10 @@ Importing fivefold registers every fivefold config and model with transformers' 
 from fivefold import conversion
 from fivefold.architectures import ARCHITECTURES, register
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
+from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
+from fivefold.next_sentence import next_sentence_pairs
+from fivefold.pretraining import PreTrainingTrainer
 from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
@@ -26,10 +29,15 @@ globals().update(_classes)
 __all__ = [
     "CheckpointWarning",
     "ConversionError",
+    "MLM_PROBABILITY",
     "DataCollatorForSpanCorruption",
+    "PackedMaskedLMCollator",
+    "PreTrainingTrainer",
     "__version__",
     "convert",
     "export",
+    "masked_lm_collator",
+    "next_sentence_pairs",
     "push_folder",
     "verify",
     *sorted(_classes),

@@ -3,7 +3,10 @@
 Every expert is its own module (a `GatedFeedForward`), so `device_map` can put the experts of one layer on
 different devices: each expert's output is moved back to where the layer combines tokens, and the checkpoint
 layout (`experts.{e}.gate_proj/up_proj/down_proj`) never depends on the placement. Tokens are dispatched grouped
-by expert (one sort, one host sync for the group sizes) and experts that received no token are skipped.
+by expert (one sort, one host sync for the group sizes). In training every expert runs, on an empty slice when no
+token chose it: its gradient is then zero rather than missing, so data-parallel training (DDP with
+`find_unused_parameters=False` or `static_graph`, gradient checkpointing) sees the same parameters used on every
+rank at every step. Without gradients, experts that received no token are skipped.
 
 Shapes: B batch, T time, C channels, N tokens (B * T), E experts, R experts per token, A assignments,
 F inner width.
@@ -84,17 +87,20 @@ class MixtureOfExperts(nn.Module):
         order = flat.argsort(stable=True)  # [A], assignments grouped by expert
         token = order // self.top_k  # [A], the token of each grouped assignment
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
-        grouped = x[token]  # [A, C]
-        outputs, start = [], 0
-        for expert, count in zip(self.experts, counts, strict=True):
-            if count:
-                # An expert placed on another device answers there; the tokens are combined where x lives.
-                outputs.append(expert(grouped[start : start + count]).to(x.device))
-                start += count
-        if not outputs:  # no tokens at all
-            return torch.zeros_like(x)
-        y = torch.cat(outputs) * weights.reshape(-1)[order, None]  # [A, C], fp32 like Mixtral's weighting
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        y = run_experts(self.experts, x[token], counts).to(x.device) * weights.reshape(-1)[order, None]  # [A, C]
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))  # fp32 weighting, like Mixtral's
+
+
+def run_experts(experts: nn.ModuleList, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """grouped: [A, C], the rows of each expert in turn (counts[e] rows for expert e) -> [A, C], each row through
+    its expert. With gradients every expert runs, on zero rows if need be, so that each gets a (zero) gradient."""
+    outputs, start = [], 0
+    for expert, count in zip(experts, counts, strict=True):
+        if count or torch.is_grad_enabled():
+            # An expert placed on another device answers there; the rows are gathered where `grouped` lives.
+            outputs.append(expert(grouped[start : start + count]).to(grouped.device))
+            start += count
+    return torch.cat(outputs) if outputs else grouped
 
 
 def load_balancing_loss(

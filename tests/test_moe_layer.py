@@ -132,3 +132,15 @@ def test_router_z_loss():
 def test_spec_refuses_more_experts_per_token_than_experts():
     with pytest.raises(ValueError, match="top_k"):
         MoESpec(C, F, num_experts=2, top_k=3)
+
+
+def test_an_expert_without_tokens_gets_a_zero_gradient_not_none():
+    """So that data-parallel training sees every parameter used on every rank (tests/test_distributed_ddp.py)."""
+    torch.manual_seed(0)
+    moe = MixtureOfExperts(MoESpec(hidden_size=8, expert_size=12, num_experts=4, top_k=1))
+    torch.nn.init.normal_(moe.router.weight)
+    x = torch.randn(1, 1, 8)
+    moe(x).sum().backward()
+    grads = [expert.down_proj.weight.grad for expert in moe.experts]
+    assert all(g is not None for g in grads)
+    assert sum(bool(g.abs().sum()) for g in grads) == 1  # one token, top-1: three idle experts with zero gradients

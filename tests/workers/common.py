@@ -1,0 +1,48 @@
+"""What every worker process shares: the gloo group torchrun's variables describe, the arguments the test wrote, and
+the result file it reads back."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+folder = Path(sys.argv[1])
+args = json.loads((folder / "args.json").read_text())
+
+
+def start() -> tuple[int, int]:
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def finish(result: dict) -> None:
+    (folder / f"result-{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach().float() - b.detach().float()).abs().max().item() if a.numel() else 0.0
+
+
+def same_on_every_rank(model: torch.nn.Module) -> float:
+    """The largest difference between this rank's parameters and rank 0's."""
+    worst = 0.0
+    for p in model.parameters():
+        theirs = p.detach().clone()
+        dist.broadcast(theirs, 0)
+        worst = max(worst, max_diff(p, theirs))
+    return worst
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
