@@ -1,5 +1,6 @@
 """Cross-field rules shared by fivefold configs, checked in one place (each raises ValueError naming the fields)."""
 
+import math
 from typing import Any
 
 
@@ -55,3 +56,45 @@ def check_vision_encoder(config: Any) -> None:
         )
     if config.pooler_output_size is not None:
         check_positive(config, "pooler_output_size")
+
+
+# No tensor dimension of a real model reaches 2**31, nor a count of layers or experts 2**16: past these a
+# config asks for work no checkpoint could back, refused before anything is built.
+MAX_SIZE = 2**31 - 1
+MAX_COUNT = 2**16
+COUNT_FIELDS = ("num_hidden_layers", "num_layers", "num_decoder_layers", "n_layer", "num_local_experts", "num_labels")
+ACTIVATION_FIELDS = ("hidden_act", "activation_function", "hidden_activation", "classifier_activation",
+                     "dense_act_fn", "pooler_act", "summary_activation")  # fmt: skip
+
+
+def _shown(value: int) -> str:
+    return str(value) if abs(value) < 10**15 else f"about 2**{value.bit_length()}"
+
+
+def check_sizes(fields: dict) -> None:
+    """Every integer (or pair of integers) among the config's fields within MAX_SIZE, every count within MAX_COUNT."""
+    for name, value in fields.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if not isinstance(v, int) or isinstance(v, bool):
+                continue
+            limit = MAX_COUNT if name in COUNT_FIELDS else MAX_SIZE
+            if abs(v) > limit:
+                raise ValueError(f"{name} is {_shown(v)}, past {limit}, the largest fivefold builds")
+
+
+def check_rates_and_norms(config: Any) -> None:
+    """Dropout rates are probabilities, activations are transformers' names, norm epsilons finite and >= 0."""
+    from transformers.activations import ACT2FN
+
+    for name, value in vars(config).items():
+        is_rate = "dropout" in name or name.endswith("pdrop")
+        if is_rate and value is not None and (not isinstance(value, int | float) or not 0 <= value <= 1):
+            raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+        if name.endswith(("_eps", "_epsilon")) and (not isinstance(value, int | float) or not 0 <= value < math.inf):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    for name in ACTIVATION_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, str) and value not in ACT2FN:
+            valid = ", ".join(sorted(ACT2FN))
+            raise ValueError(f"{name} {value!r} is not an activation transformers knows; valid: {valid}")

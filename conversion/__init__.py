@@ -6,6 +6,7 @@ from .hub import push_folder
 from .loading import open_stock_checkpoint
 from .remote_code import write_remote_code
 from .verify import verify
+from .writer import updated_folder
 
 __all__ = [
     "CheckpointWarning",
@@ -14,6 +15,7 @@ __all__ = [
     "export",
     "open_stock_checkpoint",
     "push_folder",
+    "updated_folder",
     "verify",
     "write_remote_code",
 ]

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from .source import (
     stock_config_dict,
 )
 from .validation import check_aliases, check_plan, check_tensors, drop_tied_copies, our_prefix
-from .writer import atomic_folder, check_destination, parse_size, write_safetensors
+from .writer import atomic_folder, check_apart, check_destination, parse_size, write_safetensors
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -61,8 +60,6 @@ def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
 def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, produced, dtype, max_shard_size, progress):
     sizes = _sizes(produced, plan, reader, dtype)
     write_safetensors(tmp, sizes, _materializer(plan, reader, dtype), parse_size(max_shard_size), progress)
-    if (src / "generation_config.json").is_file():
-        shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
     copy_side_files(src, tmp)
     copy_sentence_transformers_files(src, tmp)
 
@@ -96,6 +93,7 @@ def convert(
     dst = check_destination(dst, force)
     folder = resolve_source(src, HubRef(revision, subfolder, token))
     hub_id = None if Path(src).is_dir() else str(src)
+    check_apart(folder, dst)
     stock = read_config(folder)
     arch = architecture_of(stock, folder, want_stock=True)
     target = model_class_of(arch, stock, folder)
@@ -151,6 +149,7 @@ def export(
     round trip)."""
     dst = check_destination(dst, force)
     folder = resolve_source(src, HubRef(revision, subfolder, token))
+    check_apart(folder, dst)
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)
     target = model_class_of(arch, ours, folder)

@@ -1,7 +1,6 @@
 """Reading checkpoints safely: safetensors first; `.bin` only through `torch.load(weights_only=True)`; shard
 indexes may only name files inside the checkpoint folder."""
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -11,27 +10,22 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointWarning, ConversionError
+from .limits import parse_json, read_regular_file
 
 SAFE_SINGLE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN_SINGLE, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 
 _SAFE_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool,
 }  # fmt: skip
+_MAX_NAME_BYTES, _MAX_PATH_BYTES = 255, 4096  # Linux's NAME_MAX and PATH_MAX
 
 
 def read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ConversionError(f"{path} not found") from None
-    except OSError as e:
-        raise ConversionError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConversionError(f"{path} is not valid JSON: {e}") from None
+    data = parse_json(read_regular_file(path), path)
     if not isinstance(data, dict):
         raise ConversionError(f"{path} must hold a JSON object")
     return data
@@ -54,8 +48,9 @@ def inside(path: Path, roots: list[Path]) -> bool:
 
 def shard_path(folder: Path, name: object, index_file: str) -> Path:
     """The shard file an index names, refusing anything that would leave the folder."""
-    if not isinstance(name, str) or not name or "\\" in name:
-        raise ConversionError(f"{index_file} names an invalid shard file {name!r}")
+    if not _plausible_file_name(name):
+        shown = repr(name) if len(repr(name)) < 80 else f"{repr(name)[:60]}... ({len(name)} characters)"
+        raise ConversionError(f"{index_file} names an invalid shard file {shown}")
     if Path(name).is_absolute():
         raise ConversionError(f"{index_file} names {name!r}, an absolute path outside the checkpoint folder {folder}")
     path = folder / name
@@ -64,6 +59,17 @@ def shard_path(folder: Path, name: object, index_file: str) -> Path:
     if not path.is_file():
         raise ConversionError(f"{index_file} names {name!r}, which does not exist in {folder}")
     return path
+
+
+def _plausible_file_name(name: object) -> bool:
+    """A relative or absolute path the file system could hold: no NUL byte, no backslash, within its limits."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeError:
+        return False
+    return len(encoded) <= _MAX_PATH_BYTES and all(len(part) <= _MAX_NAME_BYTES for part in encoded.split(b"/"))
 
 
 class CheckpointReader:
@@ -138,7 +144,10 @@ class CheckpointReader:
         file, stored = self._file_of[key], self._stored_name[key]
         if file in self._bin:
             return self._bin[file][stored].dtype
-        return _SAFE_DTYPES[self._handles[file].get_slice(stored).get_dtype()]
+        stored_dtype = self._handles[file].get_slice(stored).get_dtype()
+        if stored_dtype not in _SAFE_DTYPES:
+            raise ConversionError(f"tensor {key!r} in {file.name} is stored as {stored_dtype}, which torch cannot hold")
+        return _SAFE_DTYPES[stored_dtype]
 
     def get(self, key: str) -> torch.Tensor:
         file, stored = self._file_of[key], self._stored_name[key]

@@ -2,6 +2,7 @@
 the folder it names. They travel with the weights, through the side-file checks, so that `SentenceTransformer` of
 the converted folder embeds as the source does (a missing Normalize would change every embedding's norm)."""
 
+import glob
 import json
 import re
 from pathlib import Path
@@ -46,5 +47,7 @@ def copy_sentence_transformers_files(src: Path, dst: Path) -> list[str]:
     copied = copy_side_files(src, dst, SENTENCE_TRANSFORMERS_FILES)
     for path in module_folders(src):
         if (src / path).is_dir():  # Normalize, for one, saves no files: its folder may be absent
-            copied += copy_side_files(src, dst, (f"{path}/*",))
+            # A module folder's own files, exactly (the side-file checks refuse folders that match a pattern).
+            files = sorted(f.relative_to(src).as_posix() for f in (src / path).iterdir() if not f.is_dir())
+            copied += copy_side_files(src, dst, [glob.escape(f) for f in files])
     return copied

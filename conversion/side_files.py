@@ -1,19 +1,22 @@
-"""Side files: the tokenizer and processor files that travel with the weights, never code."""
+"""Side files: the tokenizer, processor and generation files that travel with the weights, never code."""
 
 import json
-import shutil
+import stat
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import CheckpointWarning, ConversionError
+from .limits import parse_json, read_regular_file
 from .reader import allowed_roots, inside
 
-# Files that travel with the weights: tokenizers, processors, vocabularies.
+# Files that travel with the weights: tokenizers, processors, vocabularies, generation defaults.
 SIDE_FILE_PATTERNS = (
     "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "*.model",
     "preprocessor_config.json", "image_processor*.json", "processor_config.json", "chat_template*",
+    "generation_config.json",
 )  # fmt: skip
+MAX_SIDE_FILE_BYTES = 2**31  # a SentencePiece model or tokenizer.json is tens of MB; nothing real is near this
 
 
 # Code never travels: the only code in a fivefold checkpoint is fivefold's own (see remote_code.py).
@@ -21,37 +24,40 @@ _NOT_SIDE_FILES = (".py", ".pyc", ".so", ".pyd", ".dll", ".dylib", ".sh", ".exe"
 
 
 def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PATTERNS) -> list[str]:
-    """Copies tokenizer and processor files, never code. A JSON side file's `auto_map` (which would make
-    `trust_remote_code=True` run code from elsewhere) is dropped with a warning; a file that is a symlink leading
-    out of the checkpoint folder is refused."""
+    """Copies tokenizer, processor and generation files, never code. A JSON side file's `auto_map` (which would
+    make `trust_remote_code=True` run code from elsewhere) is dropped with a warning; a side file that is a
+    symlink leading out of the checkpoint folder, or not a regular file (a FIFO, a folder, a device), is refused."""
     copied = []
     roots = allowed_roots(src)
     for pattern in patterns:
         for path in sorted(src.glob(pattern)):
             name = path.relative_to(src).as_posix()  # a pattern may reach into a subfolder: kept as it is
-            if not path.is_file() or path.suffix.lower() in _NOT_SIDE_FILES or (dst / name).exists():
+            if path.suffix.lower() in _NOT_SIDE_FILES or (dst / name).exists():
                 continue
             if not inside(path, roots):
                 raise ConversionError(f"{name} in {src} is a link to {path.resolve()}, outside the folder")
+            data = read_regular_file(path, MAX_SIDE_FILE_BYTES)  # refuses FIFOs, folders and devices, one line
+            if path.suffix == ".json":
+                data = _without_auto_map(data, path)
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dst / name, follow_symlinks=True)
-            _drop_auto_map(dst / name)
+            (dst / name).write_bytes(data)
             copied.append(name)
+            _keep_mode(path, dst / name)
     return copied
 
 
-def _drop_auto_map(path: Path) -> None:
-    if path.suffix != ".json":
-        return
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return  # not ours to judge: the tokenizer will say
-    if isinstance(data, dict) and "auto_map" in data:
-        warnings.warn(
-            f"dropped auto_map {data.pop('auto_map')!r} from {path.name}: fivefold checkpoints ship only "
-            "fivefold's own code",
-            CheckpointWarning,
-            stacklevel=3,
-        )
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def _keep_mode(src: Path, dst: Path) -> None:
+    dst.chmod(stat.S_IMODE(src.stat().st_mode))
+
+
+def _without_auto_map(data: bytes, path: Path) -> bytes:
+    parsed = parse_json(data, path)
+    if not isinstance(parsed, dict) or "auto_map" not in parsed:
+        return data
+    warnings.warn(
+        f"dropped auto_map {parsed.pop('auto_map')!r} from {path.name}: fivefold checkpoints ship only "
+        "fivefold's own code",
+        CheckpointWarning,
+        stacklevel=4,
+    )
+    return (json.dumps(parsed, indent=2, ensure_ascii=False) + "\n").encode("utf-8")

@@ -12,8 +12,7 @@ from fivefold.architectures import architecture_for_model_type
 from .errors import ConversionError
 from .hub import LATEST, HubRef, download, looks_local
 from .reader import read_json
-
-_NOT_CONFIG = ("auto_map", "transformers_version", "architectures", "model_type", "_name_or_path", "custom_pipelines")
+from .sanitize import kept_fields
 
 
 def resolve_source(src: str | os.PathLike, ref: HubRef = LATEST) -> Path:
@@ -67,7 +66,7 @@ def model_class_of(arch, config: dict, folder: Path) -> type[PreTrainedModel]:
         raise ConversionError(f"{folder / 'config.json'}: architectures: {e.args[0]}") from None
 
 
-def config_from_dict(arch, fields: dict, folder: Path) -> PretrainedConfig:
+def config_from_dict(arch, fields: dict, folder: Path | None) -> PretrainedConfig:
     """The config class's own validation, reported as a ConversionError naming config.json and the field."""
     try:
         return arch.config_class.from_dict(fields)
@@ -80,12 +79,11 @@ def config_from_dict(arch, fields: dict, folder: Path) -> PretrainedConfig:
 
 
 def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
-    fields = {k: v for k, v in stock.items() if k not in _NOT_CONFIG}
-    return config_from_dict(arch, {**fields, "architectures": [target.__name__]}, folder)
+    return config_from_dict(arch, {**kept_fields(arch.config_class, stock), "architectures": [target.__name__]}, folder)
 
 
 def stock_config_dict(arch, ours: dict, stock_class: str) -> dict:
-    fields = {k: v for k, v in ours.items() if k not in _NOT_CONFIG}
+    fields = kept_fields(arch.config_class, ours)
     return {**fields, "architectures": [stock_class], "model_type": arch.stock_model_type}
 
 

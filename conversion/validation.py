@@ -12,6 +12,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from .errors import ConversionError
 from .keymap import Plan
+from .limits import check_tensor_count
 from .reader import CheckpointReader
 
 _MAX_META_MODELS = 64  # a few architectures' worth of classes, each with a handful of configs
@@ -39,8 +40,14 @@ def meta_model(target: type[PreTrainedModel], config: PretrainedConfig) -> MetaM
 
 
 def _build_on_meta(target: type[PreTrainedModel], config: PretrainedConfig) -> MetaModel:
-    with torch.device("meta"):
-        model = target(config)
+    try:
+        with torch.device("meta"):
+            model = target(config)
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
+        # Sizes each within bounds whose product still overflows a tensor's byte count, a part the config names
+        # that does not exist: the config's fault, said in one line.
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConversionError(f"cannot build {target.__name__} from this config: {reason}") from None
     tensors = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     tied = dict(model.all_tied_weights_keys) if getattr(config, "tie_word_embeddings", False) else {}
     return MetaModel(tensors, tied)
@@ -120,6 +127,7 @@ def check_tensors(
     target's tied tensors ({copy: source})."""
     stock_names = origin is not None
     origin = origin if stock_names else {k: k for k in shapes}
+    check_tensor_count(config, len(shapes))
     expected, tied = expected_tensors(target, config)
     known = known_tensors(arch, target, config)
     needed = expected_dtypes(target, config) if dtypes else {}

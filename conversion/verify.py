@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from .hub import HubRef
+from .sanitize import kept_fields
 from .source import architecture_of, model_class_of, read_config, resolve_source
 
 
@@ -66,6 +67,8 @@ def verify(
     architecture_of(our_cfg, dst_folder, want_stock=False)
     ours_cls = model_class_of(arch, our_cfg, dst_folder)
     stock_cls = getattr(transformers, model_class_of(arch, stock_cfg, src_folder).__name__.removeprefix("Fivefold"))
-    stock = stock_cls.from_pretrained(src_folder, dtype=torch.float32).eval()
+    # SRC's own config.json may name kernels or quantisers to fetch: the stock model gets the sanitised fields.
+    stock_config = stock_cls.config_class.from_dict(kept_fields(arch.config_class, stock_cfg))
+    stock = stock_cls.from_pretrained(src_folder, config=stock_config, dtype=torch.float32).eval()
     ours = ours_cls.from_pretrained(dst_folder, dtype=torch.float32).eval()
     return compare(stock, ours, arch.sample_inputs(stock.config, stock_cls.__name__, seed))

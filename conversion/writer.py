@@ -5,6 +5,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -95,10 +96,42 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
 
 def check_destination(dst: str | os.PathLike, force: bool) -> Path:
     dst = Path(dst)
-    recover_destination(dst)
+    try:
+        recover_destination(dst)
+    except OSError as e:
+        raise _cannot_write(dst, e) from None
     if (dst.exists() or dst.is_symlink()) and not force:
         raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
     return dst
+
+
+def check_apart(src: Path, dst: Path) -> None:
+    """DST may be neither SRC, nor inside it, nor above it: replacing DST would delete the source, or the
+    output would land among the files being read."""
+    source, target = src.resolve(), dst.resolve()
+    if target == source:
+        raise ConversionError(f"{dst} is the source folder {src}: write the conversion elsewhere")
+    if source in target.parents:
+        raise ConversionError(f"{dst} lies inside the source folder {src}: write the conversion elsewhere")
+    if target in source.parents:
+        raise ConversionError(f"{dst} holds the source folder {src}: replacing it would delete the source")
+
+
+def _cannot_write(dst: Path, e: OSError, kept: str = "nothing was written there") -> ConversionError:
+    where = f" ({e.filename})" if e.filename else ""
+    return ConversionError(f"cannot write {dst}: {e.strerror or e}{where}; {kept}")
+
+
+def _make_parent(dst: Path) -> None:
+    for folder in (dst.parent, *dst.parent.parents):
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                raise ConversionError(f"cannot write {dst}: {folder} is a file, not a folder")
+            break
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(dst, e) from None
 
 
 # Work folders beside DST carry the writing process's id, so that a later run can tell a dead run's leftovers
@@ -152,13 +185,18 @@ def _remove(path: Path) -> None:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swaps two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unavailable."""
+    return _renameat2(a, b, flags=2)
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> bool:
+    """Linux renameat2 with `flags`; False where the call or the flag is unavailable, OSError on failure."""
     if not sys.platform.startswith("linux"):
         return False
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
@@ -166,8 +204,29 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _put_in_place(tmp: Path, dst: Path) -> None:
-    if not (dst.exists() or dst.is_symlink()):
+def _move_to_new(tmp: Path, dst: Path) -> None:
+    """tmp becomes dst only if nothing is at dst: a folder or a conversion's output that appeared there while
+    this one was writing (after check_destination looked) is never replaced without --force."""
+    appeared = ConversionError(
+        f"{dst} appeared while this conversion was writing; it was left untouched and this output discarded "
+        "(use --force / force=True to replace it)"
+    )
+    try:
+        if _renameat2(tmp, dst, flags=1):  # RENAME_NOREPLACE: fails with EEXIST if dst exists
+            return
+        if dst.exists() or dst.is_symlink():  # elsewhere: check, then a rename that fails over a non-empty dst
+            raise appeared
+        os.rename(tmp, dst)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise appeared from None
+        raise
+
+
+def _put_in_place(tmp: Path, dst: Path, force: bool) -> None:
+    if not force:
+        _move_to_new(tmp, dst)
+    elif not (dst.exists() or dst.is_symlink()):
         os.replace(tmp, dst)
     elif _exchange(tmp, dst):
         # dst was complete (old) before this instant and complete (new) after it; tmp now holds the old one.
@@ -194,8 +253,11 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
     after itself; the next conversion to the same `dst` removes what it left behind.
     """
     dst = check_destination(dst, force)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(dst)}{os.getpid()}-", dir=dst.parent))
+    _make_parent(dst)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(dst)}{os.getpid()}-", dir=dst.parent))
+    except OSError as e:  # read-only, /proc, /sys
+        raise _cannot_write(dst, e) from None
     try:
         # mkdtemp makes the folder private (0700); the result should have the usual permissions.
         umask = os.umask(0)
@@ -203,12 +265,47 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~umask)
         try:
             yield tmp
-            _put_in_place(tmp, dst)
+            _put_in_place(tmp, dst, force)
         except OSError as e:  # disk full, quota, permissions: the user's to fix, not a crash
             kept = "the old one is unchanged" if dst.exists() else "nothing was written there"
-            reason = e.strerror or str(e)
-            where = f" ({e.filename})" if e.filename else ""
-            raise ConversionError(f"cannot write {dst}: {reason}{where}; {kept}") from e
+            raise _cannot_write(dst, e, kept) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# What transformers' save_pretrained writes or deletes as stale in a folder it saves into; everything else there
+# (a tokenizer saved first, a trainer's files, subfolders) it leaves alone.
+_WEIGHT_FILE = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+
+
+@contextmanager
+def updated_folder(dst: str | os.PathLike) -> Iterator[Path]:
+    """`save_pretrained` made atomic: yields a temporary folder beside `dst` to save into, which then takes
+    `dst`'s place in one step, carrying over (hard-linked) every entry of the old `dst` that the save did not
+    write and that transformers would not have deleted. Killed at any instant, `dst` is the old folder or the
+    new one. A symlink `dst` is followed: the folder it names is updated."""
+    dst = Path(dst).resolve() if Path(dst).is_symlink() else Path(dst)
+    with atomic_folder(dst, force=True) as tmp:
+        yield tmp
+        if dst.is_dir():
+            for entry in dst.iterdir():
+                if not (tmp / entry.name).exists() and not (tmp / entry.name).is_symlink():
+                    if not _WEIGHT_FILE.match(entry.name):
+                        _link_into(entry, tmp / entry.name)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _link_into(entry: Path, target: Path) -> None:
+    if entry.is_symlink():
+        os.symlink(os.readlink(entry), target)
+    elif entry.is_dir():
+        shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(str(entry), str(target))

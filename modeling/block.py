@@ -31,6 +31,20 @@ class BlockSpec:
     mlp_out_dropout: float | None = None  # on the feed-forward output instead, when it differs (None: `dropout`)
     attn_input_norm: bool = True  # False: a pre-norm block whose input is already normalised (ModernBERT's first)
     cross_attention: AttentionSpec | None = None  # attention over an encoder's output, after self-attention
+    clamp_fp16: bool = False  # pull fp16 activations back into range after each sub-layer (T5, trained in bf16)
+
+
+class Fp16Clamp(nn.Module):
+    """The residual stream clamped to fp16's finite range after each sub-layer, as stock T5 does (its activations
+    outgrow fp16); a no-op in any other dtype. Where a value already overflowed, the bound is 1000 below fp16's
+    largest, so that the next addition does not overflow again."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float16:
+            return x
+        largest = torch.finfo(x.dtype).max
+        bound = torch.where(torch.isinf(x).any(), largest - 1000, largest)
+        return torch.clamp(x, min=-bound, max=bound)
 
 
 class Block(GradientCheckpointingLayer):
@@ -53,6 +67,7 @@ class Block(GradientCheckpointingLayer):
         self.norm_after_mlp = norm_if(not spec.prenorm)
         self.dropout = nn.Dropout(spec.dropout)
         self.mlp_dropout = nn.Dropout(spec.dropout if spec.mlp_out_dropout is None else spec.mlp_out_dropout)
+        self.clamp = Fp16Clamp() if spec.clamp_fp16 else nn.Identity()
 
     def forward(
         self,
@@ -68,9 +83,11 @@ class Block(GradientCheckpointingLayer):
         # answer on its own device; the residual stream stays where it is. A no-op on one device.
         attn_out, _ = self.attn(self.norm_before_attn(hidden_states), attention_mask, position_embeddings, **kwargs)
         hidden_states = self.norm_after_attn(hidden_states + self.dropout(attn_out).to(hidden_states.device))
+        hidden_states = self.clamp(hidden_states)
         if encoder_hidden_states is not None:
             normed = self.norm_before_cross(hidden_states)
             cross_out, _ = self.cross_attn(normed, encoder_hidden_states, encoder_attention_mask, encoder_decoder_cache)
             hidden_states = self.norm_after_cross(hidden_states + self.dropout(cross_out).to(hidden_states.device))
+            hidden_states = self.clamp(hidden_states)
         mlp_out = self.mlp(self.norm_before_mlp(hidden_states))
-        return self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out).to(hidden_states.device))
+        return self.clamp(self.norm_after_mlp(hidden_states + self.mlp_dropout(mlp_out).to(hidden_states.device)))

@@ -26,6 +26,7 @@ from transformers.utils.output_capturing import capture_outputs
 from .heads import last_real_token
 from .kernels import causal_masks, check_attention_mask
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
+from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
 from .tasks import TaskModel
@@ -65,8 +66,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         token_type_ids: torch.Tensor | None = None,  # [B, T], only where the recipe embeds token types
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        self.embeddings.check_inputs(input_ids, inputs_embeds)
         kwargs.pop("output_attentions", None)  # read by capture_outputs; the kernels must not see them
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
@@ -82,7 +82,10 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
-        masks = causal_masks(self.config, hidden, attention_mask, cache, position_ids, self.windows)
+        # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
+        # itself when they get no cache, which a fresh one holds nothing of yet.
+        packed = is_packed_row(position_ids, attention_mask) and (cache is None or cache.get_seq_length() == 0)
+        masks = causal_masks(self.config, hidden, attention_mask, None if packed else cache, position_ids, self.windows)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
         hidden = self.dropout(self.norm(hidden))
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
@@ -117,6 +120,12 @@ class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
     tasks = {"causal_lm": "vocab_size"}
     output_task = "causal_lm"
     output_class = CausalLMOutputWithPast
+
+    def __init__(self, config):
+        super().__init__(config)
+        # Trainer counts a causal LM's labels after the shift only for this loss type, which transformers reads off
+        # the class name: GPT2LMHeadModel's names none, and its loss would be divided by one label too many per row.
+        self.loss_type = "ForCausalLM"
 
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts
@@ -193,7 +202,8 @@ class DecoderForSequenceClassification(DecoderTaskModel):
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         num_items = kwargs.pop("num_items_in_batch", None)
-        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
+        shapes = batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels)
+        check_labels("labels", labels, *shapes, integer=False)  # regression and multi-label targets are scores
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         batch = out.last_hidden_state.shape[0]
         real = real_tokens(input_ids, self.config.pad_token_id, batch, type(self).__name__)

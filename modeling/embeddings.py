@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .kernels import check_embeds_tensor, check_token_tensor
 from .norms import build_norm
+from .tracing import eager_only
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,37 @@ def check_not_empty(shape: tuple[int, ...], name: str) -> None:
         raise ValueError(f"{name} has shape {list(shape)}: at least one sequence of at least one token is needed")
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    check_not_empty(tuple(input_ids.shape), "input_ids")
+@eager_only
+def check_token_ids_in_vocabulary(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
     if input_ids.numel() and bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
         bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)]
-        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
+        raise ValueError(f"{name} hold token ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}")
 
 
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
+    check_not_empty(tuple(input_ids.shape), name)
+    check_token_ids_in_vocabulary(input_ids, vocab_size, name)
+
+
+@eager_only
+def check_no_token_types(token_type_ids: torch.Tensor) -> None:
+    if bool(token_type_ids.ne(0).any()):
+        raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
+
+
+@eager_only
 def check_token_type_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> None:
+    check_token_tensor(token_type_ids, "token_type_ids", dims=(1, 2))
     if token_type_ids.numel() and bool(((token_type_ids < 0) | (token_type_ids >= type_vocab_size)).any()):
         raise ValueError(f"token_type_ids must lie in [0, {type_vocab_size}) (type_vocab_size)")
 
 
+@eager_only
 def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
-    if position_ids.numel() and bool((position_ids >= max_positions).any() | (position_ids < 0).any()):
+    check_token_tensor(position_ids, "position_ids", dims=(1, 2))
+    if position_ids.numel() and bool((position_ids < 0).any()):
+        raise ValueError(f"position_ids must be >= 0, got e.g. {position_ids[position_ids < 0][:5].tolist()}")
+    if position_ids.numel() and bool((position_ids >= max_positions).any()):
         raise ValueError(
             f"sequence too long for the position table: positions up to {int(position_ids.max())} needed, "
             f"max_position_embeddings is {max_positions}"
@@ -79,6 +98,20 @@ class TokenEmbeddings(nn.Module):
         self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
         self.dropout = nn.Dropout(spec.dropout)
 
+    def check_inputs(self, input_ids: object, inputs_embeds: object, ids_name: str = "input_ids") -> None:
+        """What a stack checks before it reads its inputs' shapes: exactly one of the ids and the embeddings, each
+        a tensor of the right kind, the ids within the vocabulary (the live table: resize_token_embeddings may
+        have grown it). `ids_name` is the argument the user passed (`decoder_input_ids` in a decoder)."""
+        embeds_name = ids_name.replace("input_ids", "inputs_embeds")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"pass exactly one of {ids_name} or {embeds_name}")
+        if input_ids is not None:
+            check_token_tensor(input_ids, ids_name)
+            check_token_ids(input_ids, self.word_embeddings.num_embeddings, ids_name)
+        else:
+            check_embeds_tensor(inputs_embeds, self.spec.hidden_size, embeds_name)
+            check_not_empty(tuple(inputs_embeds.shape[:-1]), embeds_name)
+
     def position_ids(self, input_ids: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
         """[B, T]: the positions of a sequence read from its start (RoBERTa's follow the padding)."""
         if not self.spec.positions_after_padding:
@@ -94,13 +127,8 @@ class TokenEmbeddings(nn.Module):
         position_ids: torch.Tensor | None = None,  # [B, T] or [1, T]
         inputs_embeds: torch.Tensor | None = None,  # [B, T, C]
     ) -> torch.Tensor:  # [B, T, C]
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if inputs_embeds is not None:
-            check_not_empty(tuple(inputs_embeds.shape[:-1]), "inputs_embeds")
+        # The stack has run check_inputs on what the user passed (before packing it).
         if input_ids is not None:
-            # The live table size, not the configured one: resize_token_embeddings may have grown it.
-            check_token_ids(input_ids, self.word_embeddings.num_embeddings)
             inputs_embeds = self.word_embeddings(input_ids)
         batch, length, _ = inputs_embeds.shape
         hidden = inputs_embeds
@@ -110,14 +138,15 @@ class TokenEmbeddings(nn.Module):
             else:
                 check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and not self.spec.token_types_from_words and bool(token_type_ids.ne(0).any()):
-            raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
+        elif token_type_ids is not None and not self.spec.token_types_from_words:
+            check_no_token_types(token_type_ids)
         if self.position_embeddings is not None:
             if position_ids is None:
                 position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)
             check_position_ids(position_ids, self.position_embeddings.num_embeddings)
             hidden = hidden + self.position_embeddings(position_ids)
         if self.spec.token_types_from_words and token_type_ids is not None:
-            check_token_ids(token_type_ids, self.word_embeddings.num_embeddings)
+            check_token_tensor(token_type_ids, "token_type_ids", dims=(1, 2))
+            check_token_ids(token_type_ids, self.word_embeddings.num_embeddings, "token_type_ids")
             hidden = hidden + self.word_embeddings(token_type_ids)
         return self.dropout(self.norm(hidden))

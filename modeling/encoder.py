@@ -6,29 +6,40 @@ the task models included (encoder_tasks.py).
 Unpadded execution: when a text batch has padding, the real tokens are packed once after the inputs are read
 ([B, T] -> [1, N]), every layer runs on them, attention stays within each sequence (padding.py), and the padded
 layout comes back only at the output, with zeros at padded positions. `config.unpad_inputs = False` turns it off;
-kernels.unpads says when it applies. Hidden states recorded with `output_hidden_states` come back padded too.
+kernels.unpads says when it applies; traced graphs stay padded and zero the padding (tracing.py). Hidden states
+recorded with `output_hidden_states` come back padded too. Documents already packed in one row (transformers'
+`DataCollatorWithFlattening`: [1, N] with position ids that restart per document, no mask) run on the same path,
+each attending within itself.
 
 Shapes: B batch, T time, N tokens (the real ones, packed), C channels, Ch image channels, Hi image height,
 Wi image width.
 """
 
+from collections.abc import Callable
+
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.utils.output_capturing import _active_collector, capture_outputs
 
-from .kernels import bidirectional_masks, check_attention_mask, unpads
-from .padding import PackedSequences
+from .kernels import bidirectional_masks, check_attention_mask, unpadding_allowed, unpads
+from .padding import PackedSequences, is_packed_row
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
+from .tracing import tracing
 
 
-def pad_captured_hidden_states(packed: PackedSequences) -> None:
-    """Hidden states recorded from the blocks (`output_hidden_states`) were packed: give them the padded layout."""
+def map_captured_hidden_states(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Applies `fn` to the hidden states recorded from the blocks (`output_hidden_states`)."""
     collecting = _active_collector.get()
     if collecting is None or "hidden_states" not in collecting:
         return
     states = collecting["hidden_states"]
-    states[:] = [None if state is None else packed.pad(state) for state in states]
+    states[:] = [None if state is None else fn(state) for state in states]
+
+
+def zero_padding(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, C] with zeros where the [B, T] mask is 0: the padded layout the packed path returns."""
+    return hidden * attention_mask.bool()[..., None].to(hidden.dtype)
 
 
 class EncoderPreTrainedModel(FivefoldPreTrainedModel):
@@ -54,7 +65,11 @@ class EncoderStack(EncoderPreTrainedModel, Stack):
         hidden = self.dropout(self.norm(self.run_blocks(hidden, masks, position_ids, **kwargs)))
         if packed is not None:
             hidden = packed.pad(hidden)
-            pad_captured_hidden_states(packed)
+            map_captured_hidden_states(packed.pad)
+        elif tracing() and unpadding_allowed(self.config, attention_mask):
+            # A traced graph runs padded (tracing.py); it returns what the packed path would, zeros at padding.
+            hidden = zero_padding(hidden, attention_mask)
+            map_captured_hidden_states(lambda state: zero_padding(state, attention_mask))
         return hidden, self.pooler(hidden) if self.pooler is not None else None
 
 
@@ -71,15 +86,18 @@ class EncoderModel(EncoderStack):
         inputs_embeds: torch.Tensor | None = None,  # [B, T, C]
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        self.embeddings.check_inputs(input_ids, inputs_embeds)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         check_attention_mask(attention_mask, batch, length)
+        # Documents packed in one row ([1, N], positions restarting per document) run as they come.
+        packed = (
+            PackedSequences.from_position_ids(position_ids) if is_packed_row(position_ids, attention_mask) else None
+        )
         if position_ids is None:
             position_ids = self.embeddings.position_ids(input_ids, batch, length, device)  # [B, T]
-        packed = PackedSequences.from_mask(attention_mask) if unpads(self.config, attention_mask) else None
-        if packed is not None:  # [B, T, ...] -> [1, N, ...] from here to the output
+        if packed is None and unpads(self.config, attention_mask):  # [B, T, ...] -> [1, N, ...] up to the output
+            packed = PackedSequences.from_mask(attention_mask)
             input_ids, token_type_ids, position_ids, inputs_embeds = (
                 packed.unpad(x) for x in (input_ids, token_type_ids, position_ids, inputs_embeds)
             )

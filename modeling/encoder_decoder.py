@@ -92,6 +92,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        self.embeddings.check_inputs(input_ids, inputs_embeds, "decoder_input_ids" if self.causal else "input_ids")
         hidden = self.embeddings(input_ids, inputs_embeds=inputs_embeds)  # [B, T, C], after dropout
         t = hidden.shape[1]
         use_cache = self.causal and (use_cache if use_cache is not None else self.config.use_cache)

@@ -166,7 +166,8 @@ class EncoderForSequenceClassification(EncoderTaskModel):
         labels: torch.Tensor | None = None,  # [B] (class ids), [B] or [B, L] floats (regression, multi-label)
         **kwargs,
     ) -> SequenceClassifierOutput:
-        check_labels("labels", labels, *batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels))
+        shapes = batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels)
+        check_labels("labels", labels, *shapes, integer=False)  # regression and multi-label targets are scores
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.run_head("sequence_classification", out.last_hidden_state, attention_mask, out.pooler_output)

@@ -24,15 +24,11 @@ class FeedForwardSpec:
 
 class OutputProjection(Linear):
     """The down projection. It runs in its own weight dtype, which may differ from the activations' when a model
-    keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and returns the activations' dtype, clamped
-    to its finite range."""
+    keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and answers in that dtype, as stock T5
+    does: the residual stream it is added to then carries on in fp32, where fp16 would overflow."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype:
-            return super().forward(x)
-        out = super().forward(x.to(self.weight.dtype))
-        limit = torch.finfo(x.dtype).max
-        return out.clamp(-limit, limit).to(x.dtype)
+        return super().forward(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype))
 
 
 def activation(name: str) -> nn.Module:

@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import is_flash_attention_requested
 
 from .padding import PackedSequences
+from .tracing import tracing
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
 UNPADDED_KERNELS = ("sdpa",)
@@ -52,6 +53,29 @@ def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected (batch, past + new tokens) with "
             f"batch = {batch} and at least {length} tokens"
         )
+
+
+def check_token_tensor(ids: object, name: str, dims: tuple[int, ...] = (2,)) -> None:
+    """Token ids (`input_ids`, `decoder_input_ids`, `token_type_ids`) must be an integer tensor of `dims`
+    dimensions: a float, bool or list input, or a batch without its batch dimension, is named here rather than
+    failing deep inside an embedding lookup."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor of token ids, got a {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if ids.dim() not in dims:
+        wanted = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{name} must be {wanted} ([batch, seq_len]), got shape {list(ids.shape)}")
+
+
+def check_embeds_tensor(embeds: object, width: int, name: str = "inputs_embeds") -> None:
+    """`inputs_embeds` must be a floating [batch, seq_len, width] tensor of the model's width."""
+    if not isinstance(embeds, torch.Tensor) or not embeds.dtype.is_floating_point or embeds.dim() != 3:
+        is_tensor = isinstance(embeds, torch.Tensor)
+        shown = f"shape {list(embeds.shape)}, dtype {embeds.dtype}" if is_tensor else f"a {type(embeds).__name__}"
+        raise ValueError(f"{name} must be a floating-point [batch, seq_len, {width}] tensor, got {shown}")
+    if embeds.shape[-1] != width:
+        raise ValueError(f"{name} has width {embeds.shape[-1]}; the model's hidden size is {width}")
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -160,15 +184,21 @@ def window_kwargs(config, window: int | None, mask: object) -> dict:
     return {"sliding_window": flash_window(window)}
 
 
-def unpads(config, attention_mask: torch.Tensor | None) -> bool:
-    """Whether an encoder call runs on packed tokens: a [B, T] mask with padding, a config that allows it, and a
-    kernel that benefits (sdpa, flash: neither returns attention weights; eager, which does, stays padded)."""
+def unpadding_allowed(config, attention_mask: torch.Tensor | None) -> bool:
+    """Whether an encoder call may run on packed tokens: a [B, T] mask, a config that allows it, and a kernel that
+    benefits (sdpa, flash: neither returns attention weights; eager, which does, stays padded)."""
     if not getattr(config, "unpad_inputs", False) or attention_mask is None or attention_mask.dim() != 2:
         return False
     implementation = config._attn_implementation
-    if implementation not in UNPADDED_KERNELS and not is_flash_attention_requested(
+    return implementation in UNPADDED_KERNELS or is_flash_attention_requested(
         requested_attention_implementation=implementation
-    ):
+    )
+
+
+def unpads(config, attention_mask: torch.Tensor | None) -> bool:
+    """Whether an encoder call runs on packed tokens: allowed, and the mask has padding. Traced graphs stay
+    padded, as the packed sizes depend on the mask's values (tracing.py)."""
+    if tracing() or not unpadding_allowed(config, attention_mask):
         return False
     real = int(attention_mask.bool().sum())
     return 0 < real < attention_mask.numel()
@@ -198,12 +228,15 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
 def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
-    padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]."""
-    past = cache.get_seq_length() if cache is not None else 0
+    padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
+    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    static = cache is not None and cache.is_compileable
+    past = cache.get_seq_length() if cache is not None and not static else 0
 
     def build(window: int | None) -> object:
         if (
             hidden.shape[1] == 1
+            and not static
             and window is None
             and config._attn_implementation in ("sdpa", "eager")
             and (attention_mask is None or (attention_mask.dim() == 2 and attention_mask.shape[1] == past + 1))
@@ -218,12 +251,12 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
 
 def padding_allowed(attention_mask: torch.Tensor | None, key_length: int, name: str) -> torch.Tensor | None:
     """[B, S] 1/0 mask -> bool [B, 1, 1, S] (True = attend), or None without one or without padding (so that the
-    kernels add a [1, H, T, S] bias instead of reading a mask per row)."""
+    kernels add a [1, H, T, S] bias instead of reading a mask per row). Traced graphs always keep the mask."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[1] != key_length:
         raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, {key_length})")
-    if bool(attention_mask.all()):
+    if not tracing() and bool(attention_mask.all()):
         return None
     return attention_mask[:, None, None, :].bool()
 

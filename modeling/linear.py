@@ -6,16 +6,73 @@ about 490; for one row per sequence, as in decoding, oneDNN streams the weight a
 17-28 (`benchmarks/`). The op takes part in no autograd, tracing or transform machinery, so every call such
 machinery watches goes through `F.linear`, as does every case the op does not cover. Results agree with aten's to
 fp32 rounding: the sums run in another order. `torch.backends.mkldnn.flags(enabled=False)` turns the path off.
+
+The path reads private torch internals (PRIVATE_SYMBOLS), and this file ships inside every converted checkpoint's
+remote code, to run on torch versions fivefold never saw: each internal is looked up by feature, and a torch that
+lacks one runs F.linear everywhere, with one warning, never an exception.
 """
+
+import importlib
+import types
+import warnings
 
 import torch
 from torch import nn
-from torch.autograd import forward_ad
 from torch.nn import functional as F
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-ONEDNN_AVAILABLE = _ONEDNN_LINEAR is not None and torch.backends.mkldnn.is_available()
+
+def find_private(path: str) -> object | None:
+    """The object at a dotted path under `torch` (importing submodules on the way), or None where this torch has
+    none: private internals come and go between releases."""
+    found: object = torch
+    for part in path.split(".")[1:]:
+        step = getattr(found, part, None)
+        if step is None and isinstance(found, types.ModuleType):
+            try:
+                step = importlib.import_module(f"{found.__name__}.{part}")
+            except ImportError:
+                step = None
+        if step is None:
+            return None
+        found = step
+    return found
+
+
+# The private torch internals the oneDNN path reads: the op itself, and what tells whether machinery that must see
+# an aten linear is watching. Each is looked up once, by feature; without any of them every call takes F.linear.
+PRIVATE_SYMBOLS = (
+    "torch.ops.mkldnn._linear_pointwise",
+    "torch.autograd.forward_ad._current_level",
+    "torch._C._functorch.peek_interpreter_stack",
+    "torch.utils._python_dispatch.is_in_torch_dispatch_mode",
+    "torch._C._is_torch_function_mode_enabled",
+)
+
+
+def find_private_symbols() -> tuple[dict[str, object], tuple[str, ...]]:
+    """({path: object} for those this torch has, the paths of those it lacks)."""
+    found = {path: find_private(path) for path in PRIVATE_SYMBOLS}
+    return {p: v for p, v in found.items() if v is not None}, tuple(p for p, v in found.items() if v is None)
+
+
+_PRIVATE, MISSING_PRIVATE = find_private_symbols()
+_ONEDNN_LINEAR = _PRIVATE.get("torch.ops.mkldnn._linear_pointwise")
+ONEDNN_AVAILABLE = not MISSING_PRIVATE and torch.backends.mkldnn.is_available()
+_warned_missing = False
+
+
+def warn_missing_once(missing: tuple[str, ...]) -> None:
+    """One warning per process that the oneDNN path is off, naming what this torch lacks."""
+    global _warned_missing
+    if missing and not _warned_missing and torch.backends.mkldnn.is_available():
+        _warned_missing = True
+        warnings.warn(
+            f"fivefold's oneDNN linear is off: this torch ({torch.__version__}) lacks {', '.join(missing)}; every "
+            "linear runs F.linear (same results, aten's speed)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
 
 # oneDNN costs ~10 us more per call than aten. It pays off from this many multiply-adds (rows x in x out), or from
 # this many weights whatever the rows: a weight that large is read from memory, not cache, in a real model, and
@@ -35,16 +92,19 @@ def _watched() -> bool:
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()
         or torch.is_autocast_enabled("cpu")
-        or forward_ad._current_level >= 0
-        or torch._C._functorch.peek_interpreter_stack() is not None
-        or is_in_torch_dispatch_mode()
-        or torch._C._is_torch_function_mode_enabled()
+        or torch.autograd.forward_ad._current_level >= 0
+        or _PRIVATE["torch._C._functorch.peek_interpreter_stack"]() is not None
+        or _PRIVATE["torch.utils._python_dispatch.is_in_torch_dispatch_mode"]()
+        or _PRIVATE["torch._C._is_torch_function_mode_enabled"]()
     )
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `linear` takes oneDNN's path for these tensors."""
-    if not (ONEDNN_AVAILABLE and type(x) in _PLAIN and type(weight) in _PLAIN) or _watched():
+    if not ONEDNN_AVAILABLE:
+        warn_missing_once(MISSING_PRIVATE)
+        return False
+    if not (type(x) in _PLAIN and type(weight) in _PLAIN) or _watched():
         return False  # first, so that no FX proxy or traced tensor reaches a data-dependent check
     if bias is not None and not (
         type(bias) in _PLAIN and bias.device.type == "cpu" and bias.dtype == torch.float32 and bias.is_contiguous()

@@ -8,6 +8,9 @@ count of the whole accumulated batch, so 2 x 2 accumulation gives the same updat
 import torch
 from torch.nn import functional as F
 
+from .kernels import check_token_tensor
+from .tracing import eager_only
+
 
 def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     if num_items_in_batch is None:
@@ -20,6 +23,7 @@ def _reduce(per_item_sum: torch.Tensor, mean: torch.Tensor, num_items_in_batch) 
 def tokens_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> tuple[int, ...]:
     """[B, T] (or [B, N, T]) of the inputs, to check labels against before any compute."""
     if input_ids is not None:
+        check_token_tensor(input_ids, "input_ids", dims=(2, 3))  # before reading a list's or a float's shape
         return tuple(input_ids.shape)
     return tuple(inputs_embeds.shape[:-1]) if inputs_embeds is not None else ()
 
@@ -32,11 +36,16 @@ def batch_labels_shapes(
     return (batch, *((*batch, w) for w in widths))
 
 
-def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | None, ...]) -> None:
+def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | None, ...], integer: bool = True) -> None:
     """Called before the forward pass: `labels` must have one of the shapes the head's loss reads (None: any
-    size, e.g. the target length of a sequence-to-sequence model)."""
+    size, e.g. the target length of a sequence-to-sequence model), and hold class ids (`integer`) unless the
+    loss also reads scores (sequence classification's regression and multi-label targets)."""
     if labels is None:
         return
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor, got a {type(labels).__name__}")
+    if integer and (labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool):
+        raise ValueError(f"{name} must hold integer class ids, got dtype {labels.dtype}")
     fits = any(
         labels.dim() == len(s) and all(w is None or w == n for w, n in zip(s, labels.shape, strict=True))
         for s in shapes
@@ -46,6 +55,7 @@ def check_labels(name: str, labels: torch.Tensor | None, *shapes: tuple[int | No
         raise ValueError(f"{name} has shape {list(labels.shape)}; these inputs need {want}")
 
 
+@eager_only
 def check_class_ids(labels: torch.Tensor, classes: int, ignore_index: int) -> None:
     """Out-of-range targets would fail inside the loss kernel (a device-side assert on GPU)."""
     if labels.dtype.is_floating_point or labels.numel() == 0:

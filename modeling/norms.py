@@ -8,7 +8,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """Scale by the root mean square, no centring and no bias; statistics in fp32 as T5 and Llama do."""
+    """Scale by the root mean square, no centring and no bias; statistics in fp32 as T5 and Llama do. A half-precision
+    norm answers in its own dtype, whatever the input's (T5's residual stream turns fp32 after a feed-forward kept in
+    fp32; the projections after the norm are half)."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -18,7 +20,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
         variance = x.float().pow(2).mean(-1, keepdim=True)
         normed = x.float() * torch.rsqrt(variance + self.eps)
-        return self.weight * normed.to(x.dtype)
+        half = self.weight.dtype in (torch.float16, torch.bfloat16)
+        return self.weight * normed.to(self.weight.dtype if half else x.dtype)
 
 
 def _layernorm(dim: int, eps: float) -> nn.Module:

@@ -1,7 +1,8 @@
 """Unpadded execution: a padded batch packed into its real tokens, and attention that stays inside each sequence.
 
 An encoder packs once after reading its inputs, runs every layer on the packed tokens, and pads once at the output.
-Attention receives a `PackedSequences` in place of a mask and runs `kernels.packed_attention`.
+Attention receives a `PackedSequences` in place of a mask and runs `kernels.packed_attention`. Documents that come
+already packed in one row (position ids restarting per document, no mask) take the same path without the packing.
 
 Shapes: B batch, T time (padded), N tokens (the real ones, packed), C channels, H query heads,
 K key/value heads, D head dim.
@@ -12,6 +13,21 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
+
+
+def document_starts(positions: torch.Tensor) -> torch.Tensor:
+    """[N] position ids -> [N] bool, True where a document starts (the first token, and every restart)."""
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = positions[1:] != positions[:-1] + 1
+    return starts
+
+
+def is_packed_row(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
+    """Whether the inputs are documents packed end to end in one row, as `DataCollatorWithFlattening` writes them:
+    one [1, N] row, no attention mask, and position ids that restart (transformers reads packing the same way)."""
+    if position_ids is None or attention_mask is not None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return False
+    return bool(document_starts(position_ids[0])[1:].any())
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +62,25 @@ class PackedSequences:
             max_seqlen=int(lengths.max()) if lengths.numel() else 0,
             batch=batch,
             length=length,
+        )
+
+    @classmethod
+    def from_position_ids(cls, position_ids: torch.Tensor) -> "PackedSequences":
+        """From one packed row's [1, N] position ids (transformers' `DataCollatorWithFlattening`): a document
+        starts wherever a position does not follow the one before it."""
+        positions = position_ids.reshape(-1)
+        count = positions.numel()
+        edges = [*document_starts(positions).nonzero().squeeze(1).tolist(), count]
+        lengths = torch.tensor(edges).diff()
+        every = torch.arange(count, device=positions.device)
+        return cls(
+            indices=every,
+            columns=every,  # window masks read differences, the same within a document as its positions'
+            cu_seqlens=torch.tensor(edges, dtype=torch.int32, device=positions.device),
+            bounds=tuple(pairwise(edges)),
+            max_seqlen=int(lengths.max()),
+            batch=1,
+            length=count,
         )
 
     @property

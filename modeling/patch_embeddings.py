@@ -56,11 +56,15 @@ class PatchEmbeddings(nn.Module):
     def check_pixels(self, pixel_values: torch.Tensor | None, interpolate: bool) -> None:
         if pixel_values is None:
             raise ValueError("pass pixel_values: images as a [batch, channels, height, width] tensor")
+        if not isinstance(pixel_values, torch.Tensor):
+            raise ValueError(f"pixel_values must be a torch tensor of images, got a {type(pixel_values).__name__}")
         if pixel_values.dim() != 4:
             raise ValueError(
                 f"pixel_values must be [batch, channels, height, width], got shape {tuple(pixel_values.shape)}"
             )
-        _, channels, height, width = pixel_values.shape
+        batch, channels, height, width = pixel_values.shape
+        if batch == 0:
+            raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}: at least one image is needed")
         if channels != self.spec.num_channels:
             raise ValueError(
                 f"pixel_values have {channels} channels, the model expects {self.spec.num_channels} (num_channels)"

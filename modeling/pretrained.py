@@ -58,9 +58,18 @@ class FivefoldPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Saves under fivefold's tensor names with a flat copy of the modeling code and an `auto_map`, so that
-        stock transformers loads the folder with `trust_remote_code=True`."""
+        stock transformers loads the folder with `trust_remote_code=True`. The folder is written beside and
+        swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
+        if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+            return self._save_into(save_directory, *args, **kwargs)
+        if kwargs.get("push_to_hub"):
+            kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
+        with self.converter.updated_folder(save_directory) as folder:
+            self._save_into(folder, *args, **kwargs)
+
+    def _save_into(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
         if self.converter is not None and self._auto_class is None and kwargs.get("is_main_process", True):
             os.makedirs(save_directory, exist_ok=True)

@@ -55,6 +55,7 @@ def t5_stack(config, num_layers: int, causal: bool) -> StackSpec:
         prenorm=True,
         dropout=config.dropout_rate,
         cross_attention=dataclasses.replace(attention, is_causal=False) if causal else None,
+        clamp_fp16=True,
     )
     return StackSpec(
         embeddings=EmbeddingSpec(vocab_size=config.vocab_size, hidden_size=config.d_model, dropout=config.dropout_rate),

@@ -4,6 +4,7 @@ an old DST leaves DST absent or the old DST intact, and no temporary folder surv
 import errno
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+import torch
 
 import fivefold
 from fivefold import ConversionError, cli
@@ -235,3 +237,189 @@ def test_force_over_a_symlink_replaces_the_link_not_its_target(stock_checkpoint,
     assert not dst.is_symlink() and (dst / "model.safetensors").is_file()
     assert (target / "keep.txt").read_text() == "not to be deleted"
     assert _leftovers(dst) == []
+
+
+# --- races and self-overwrites: DST appearing mid-write, DST overlapping SRC, DST that cannot be written -------
+
+
+def _block_writer_then(monkeypatch, action):
+    """Stops the writer at a known point (its first shard, before the swap), runs `action` there, goes on."""
+    real_save = writer.save_file
+    fired = []
+
+    def save_then_act(tensors, path, metadata=None):
+        real_save(tensors, path, metadata=metadata)
+        if not fired:
+            fired.append(path)
+            action()
+
+    monkeypatch.setattr(writer, "save_file", save_then_act)
+    return fired
+
+
+def test_destination_created_during_the_write_is_left_alone(stock_checkpoint, tmp_path, monkeypatch):
+    src, dst = stock_checkpoint("bert", "BertForMaskedLM"), tmp_path / "dst"
+
+    def user_creates_dst():
+        dst.mkdir()
+        (dst / "mine.txt").write_text("the user's")
+
+    assert _block_writer_then(monkeypatch, user_creates_dst) == []
+    with pytest.raises(ConversionError, match="appeared while this conversion was writing") as err:
+        fivefold.convert(src, dst, progress=False)
+    assert "left untouched" in str(err.value) and "\n" not in str(err.value)
+    assert _snapshot(dst) == {"mine.txt": b"the user's"}
+    assert _leftovers(dst) == []
+
+
+def test_two_concurrent_conversions_without_force(stock_checkpoint, tmp_path, monkeypatch):
+    """The second conversion to finish refuses; the first one's output stays, byte for byte."""
+    src, dst = stock_checkpoint("bert", "BertForMaskedLM"), tmp_path / "dst"
+    first = {}
+
+    def another_conversion_finishes():
+        monkeypatch.setattr(writer, "save_file", real_save)
+        fivefold.convert(stock_checkpoint("roberta", "RobertaForMaskedLM"), dst, progress=False)
+        first.update(_snapshot(dst))
+
+    real_save = writer.save_file
+    _block_writer_then(monkeypatch, another_conversion_finishes)
+    with pytest.raises(ConversionError, match="appeared while this conversion was writing"):
+        fivefold.convert(src, dst, progress=False)
+    assert first and _snapshot(dst) == first
+    assert b"fivefold_roberta" in first["config.json"]
+    assert _leftovers(dst) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("same", "is the source folder"), ("inside", "lies inside the source folder"), ("above", "holds the source")],
+)
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_destination_overlapping_the_source_is_refused(stock_checkpoint, converted, tmp_path, where, message, command):
+    """DST equal to, inside or above SRC is refused before anything is written, --force or not."""
+    origin = stock_checkpoint("bert", "BertForMaskedLM") if command == "convert" else converted("bert", "BertModel")[1]
+    parent = tmp_path / "parent"
+    src = parent / "src"
+    shutil.copytree(origin, src)
+    (parent / "other.txt").write_text("the user's other file")
+    before = {p.relative_to(parent): p.read_bytes() for p in sorted(parent.rglob("*")) if p.is_file()}
+    dst = {"same": src, "inside": src / "out", "above": parent}[where]
+    for force in (False, True):
+        if where != "inside" and not force:
+            continue  # an existing DST without --force: "already exists"
+        with pytest.raises(ConversionError, match=message):
+            getattr(fivefold, command)(src, dst, force=force, progress=False)
+        code, stderr = _cli_in_process(command, src, dst, *(["--force"] * force))
+        assert code == 2 and message in stderr and "Traceback" not in stderr
+    after = {p.relative_to(parent): p.read_bytes() for p in sorted(parent.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+def _cli_in_process(*args) -> tuple[int, str]:
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), redirect_stdout(io.StringIO()):
+        code = cli.main([str(a) for a in args])
+    return code, stderr.getvalue()
+
+
+UNWRITABLE = {
+    "parent-is-a-file": ("{tmp}/a-file/dst", "is a file, not a folder"),
+    "under-proc": ("/proc/fivefold-test/dst", "No such file or directory"),
+    "under-sys": ("/sys/fivefold-test/dst", "Operation not permitted"),
+    "parent-read-only": ("{tmp}/read-only/dst", "Permission denied"),
+}
+
+
+@pytest.mark.parametrize("case", UNWRITABLE)
+def test_destination_that_cannot_be_written(stock_checkpoint, tmp_path, case):
+    pattern, reason = UNWRITABLE[case]
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    if case == "parent-read-only" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders; /proc and /sys cover refusals root meets too")
+    if case.startswith("under-") and not Path(f"/{case[6:]}").is_dir():
+        pytest.skip(f"no /{case[6:]} here")
+    dst = Path(pattern.format(tmp=tmp_path))
+    code, stderr = _cli_in_process("convert", stock_checkpoint("bert", "BertForMaskedLM"), dst)
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert f"cannot write {dst}" in stderr and reason in stderr
+
+
+# --- save_pretrained: the same atomic swap -------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(converted, tmp_path):
+    """A model saved into a folder that also holds the user's tokenizer file and a subfolder."""
+    _, ours = converted("bert", "BertForMaskedLM")
+    model = fivefold.FivefoldBertForMaskedLM.from_pretrained(ours)
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("[PAD]\n")
+    (folder / "runs").mkdir()
+    (folder / "runs" / "log.txt").write_text("epoch 1")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def _tree(folder: Path) -> dict[Path, bytes]:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_save_pretrained_interrupted_keeps_the_old_folder(saved, monkeypatch):
+    import transformers.modeling_utils
+
+    model, folder = saved
+    before = _tree(folder)
+    assert Path("vocab.txt") in before and Path("runs/log.txt") in before and Path("model.safetensors") in before
+
+    def killed_mid_write(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)  # half a file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", killed_mid_write)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        model.save_pretrained(folder)
+    assert _tree(folder) == before
+    assert _leftovers(folder) == []
+    monkeypatch.undo()
+    model.save_pretrained(folder)  # a complete save replaces the weights and keeps the user's files
+    assert (folder / "vocab.txt").read_text() == "[PAD]\n" and (folder / "runs" / "log.txt").read_text() == "epoch 1"
+    assert (folder / "model.safetensors").read_bytes() != before[Path("model.safetensors")]
+    assert _leftovers(folder) == []
+
+
+SAVE_KILLED_MID_WRITE = textwrap.dedent(
+    """
+    import sys, time
+    import fivefold, transformers.modeling_utils as mu
+
+    src, folder, marker = sys.argv[1:4]
+    model = fivefold.FivefoldBertForMaskedLM.from_pretrained(src)
+    real_save = mu.safe_save_file
+
+    def save_then_hang(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        open(marker, "w").write(filename)
+        time.sleep(600)
+
+    mu.safe_save_file = save_then_hang
+    model.save_pretrained(folder, max_shard_size="20KB")
+    """
+)
+
+
+@pytest.mark.slow
+def test_save_pretrained_killed_mid_write(saved, converted, tmp_path):
+    _, folder = saved
+    before = _tree(folder)
+    marker = tmp_path / "first-shard-written"
+    proc = _run_until(SAVE_KILLED_MID_WRITE, [converted("bert", "BertForMaskedLM")[1], folder, marker], marker)
+    assert Path(marker.read_text()).parent.name.startswith(f".{folder.name}.tmp-")  # written beside, not into
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert _tree(folder) == before

@@ -4,6 +4,8 @@ Rows common to every architecture run over fivefold.architectures.ARCHITECTURES.
 import contextlib
 import io
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file, save_file
 
 import fivefold
@@ -417,7 +420,7 @@ def test_config_field_errors_name_the_field(bert_src, tmp_path, change, needles)
 def test_config_json_that_is_a_folder(bert_src, tmp_path):
     (bert_src / "config.json").unlink()
     (bert_src / "config.json").mkdir()
-    _assert_fails(bert_src, tmp_path / "dst", "config.json", "cannot read")
+    _assert_fails(bert_src, tmp_path / "dst", "config.json", "is a folder, not a regular file")
 
 
 WIDTH_AND_HEADS = (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"))
@@ -483,3 +486,194 @@ def test_side_file_linking_out_of_the_folder(bert_src, tmp_path):
     secret.write_text("not yours")
     (bert_src / "vocab.txt").symlink_to(secret)
     _assert_fails(bert_src, tmp_path / "dst", "vocab.txt", "outside the folder")
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_generation_config_linking_out_of_the_folder(stock_checkpoint, converted, tmp_path, command):
+    """generation_config.json goes through the side-file checks like every copied file (a secret outside SRC
+    never lands in DST)."""
+    origin = stock_checkpoint("gpt2", "GPT2LMHeadModel") if command == "convert" else converted("gpt2", "GPT2Model")[1]
+    src = _copy(origin, tmp_path / "src")
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "hf_secret"}')
+    (src / "generation_config.json").unlink(missing_ok=True)
+    (src / "generation_config.json").symlink_to(secret)
+    with pytest.raises(ConversionError, match=r"generation_config\.json in .* outside the folder"):
+        getattr(fivefold, command)(src, tmp_path / "dst", progress=False)
+    code, stderr = _cli_in_process(command, src, tmp_path / "dst")
+    assert code == 2 and "outside the folder" in stderr
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_side_file_that_is_not_a_regular_file(bert_src, tmp_path, kind):
+    if kind == "fifo":
+        os.mkfifo(bert_src / "vocab.txt")
+    else:
+        (bert_src / "tokenizer_extra").mkdir()
+    name = "vocab.txt" if kind == "fifo" else "tokenizer_extra"
+    _assert_fails(
+        bert_src, tmp_path / "dst", name, f"is a {'FIFO' if kind == 'fifo' else 'folder'}, not a regular file"
+    )
+
+
+# --- config.json and the other JSON files: bounded reads ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_config_json_that_is_not_a_regular_file(bert_src, tmp_path, kind):
+    (bert_src / "config.json").unlink()
+    if kind == "fifo":
+        os.mkfifo(bert_src / "config.json")  # reading it would wait forever for a writer
+    else:
+        (bert_src / "config.json").symlink_to("/dev/zero")  # reading it would never end
+    needle = "is a FIFO, not a regular file" if kind == "fifo" else "is a character device, not a regular file"
+    _assert_fails(bert_src, tmp_path / "dst", "config.json", needle)
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _with_field(text: str, value: str) -> str:
+    """A JSON object's text with one more field, "x", whose value is written as given."""
+    return text.rstrip()[:-1] + f', "x": {value}}}'
+
+
+ABSURD_JSON = {
+    "config-100k-deep": ("config.json", lambda text: _with_field(text, _deep(100_000)), "nested too deeply"),
+    "config-40-deep": ("config.json", lambda text: _with_field(text, _deep(40)), "nested 41 levels deep"),
+    "config-5000-digits": ("config.json", lambda text: _with_field(text, "9" * 5000), "integer of 5000 digits"),
+    "tokenizer-config-5000-digits": ("tokenizer_config.json", lambda _: f'{{"x": {"9" * 5000}}}', "integer of 5000"),
+    "index-5000-digits": ("model.safetensors.index.json", None, "integer of 5000 digits"),
+}
+
+
+@pytest.mark.parametrize("case", ABSURD_JSON)
+def test_absurd_json(bert_src, tmp_path, case):
+    name, change, needle = ABSURD_JSON[case]
+    if change is None:  # a sharded checkpoint whose index holds the number
+        keys = list(load_file(bert_src / "model.safetensors"))
+        (bert_src / "model.safetensors").rename(bert_src / "model-00001-of-00001.safetensors")
+        weight_map = dict.fromkeys(keys, "model-00001-of-00001.safetensors")
+        text = json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+        (bert_src / name).write_text(text.replace('"total_size": 0', f'"total_size": {"9" * 5000}'))
+    else:
+        path = bert_src / name
+        path.write_text(change(path.read_text() if path.exists() else "{}"))
+    _assert_fails(bert_src, tmp_path / "dst", name, needle)
+
+
+# --- absurd configs: refused on their numbers, before any model is built -----------------------------------
+
+
+def _stock_src(stock_checkpoint, tmp_path, model_type: str, change: dict):
+    arch = next(a for a in ARCHITECTURES if a.stock_model_type == model_type)
+    src = _copy(stock_checkpoint(model_type, stock_class_name(arch.base_model)), tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    return arch, src
+
+
+@pytest.fixture
+def no_model_is_built(monkeypatch):
+    """Fails the test if a model is built (even on the meta device) before the error."""
+    from fivefold.conversion import validation
+
+    def refuse(*args):
+        raise AssertionError("a model was built before the config was refused")
+
+    monkeypatch.setattr(validation, "_build_on_meta", refuse)
+
+
+ABSURD_SIZES = [
+    ("bert", {"num_hidden_layers": 10**6}, "num_hidden_layers is 1000000, past 65536"),
+    ("bert", {"num_hidden_layers": 10**9}, "num_hidden_layers is 1000000000, past 65536"),
+    ("bert", {"num_hidden_layers": 5000}, "the checkpoint holds"),  # within the bound: the tensor count refuses
+    ("t5", {"num_layers": 10**6}, "num_layers is 1000000, past 65536"),
+    ("t5", {"num_layers": 3000, "num_decoder_layers": 3000}, "fewer than one each"),
+    ("mixtral", {"num_local_experts": 10**6}, "num_local_experts is 1000000, past 65536"),
+    ("mixtral", {"num_local_experts": 1000, "num_experts_per_tok": 2}, "fewer than one each"),
+    ("modernbert", {"num_hidden_layers": 10**9}, "num_hidden_layers is 1000000000"),
+    ("bert", {"vocab_size": 10**30}, "vocab_size is about 2**100, past 2147483647"),
+    ("bert", {"hidden_size": 2**40, "num_attention_heads": 1}, "hidden_size is 1099511627776, past 2147483647"),
+    ("vit", {"image_size": 2**31}, "image_size is 2147483648, past 2147483647"),
+    ("bert", {"num_labels": 10**9}, "num_labels is 1000000000, past 65536"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "change", "needle"), ABSURD_SIZES, ids=[str(r[1]) for r in ABSURD_SIZES])
+def test_absurd_sizes_are_refused_before_any_model_is_built(
+    stock_checkpoint, tmp_path, no_model_is_built, model_type, change, needle
+):
+    arch, src = _stock_src(stock_checkpoint, tmp_path, model_type, change)
+    _assert_fails(src, tmp_path / "dst", needle)
+    with pytest.raises(ConversionError, match=needle.replace("**", r"\*\*")):  # the stock folder, loaded directly
+        arch.base_model.from_pretrained(src)
+
+
+def test_sizes_whose_product_overflows(stock_checkpoint, tmp_path):
+    """Each size within bounds, the position table they imply past any tensor's byte count: one line."""
+    _, src = _stock_src(stock_checkpoint, tmp_path, "vit", {"image_size": 2**30, "patch_size": 1})
+    _assert_fails(src, tmp_path / "dst", "cannot build FivefoldViTModel from this config")
+
+
+BAD_VALUES = [
+    ("bert", {"hidden_dropout_prob": 5.0}, "hidden_dropout_prob must be a probability in [0, 1], got 5.0"),
+    ("bert", {"hidden_act": "bogus"}, "hidden_act 'bogus' is not an activation transformers knows"),
+    ("gpt2", {"activation_function": "bogus"}, "activation_function 'bogus' is not an activation"),
+    ("bert", {"layer_norm_eps": float("nan")}, "layer_norm_eps must be a finite number >= 0, got nan"),
+    ("bert", {"layer_norm_eps": float("inf")}, "layer_norm_eps must be a finite number >= 0, got inf"),
+    ("bert", {"layer_norm_eps": -1e-12}, "layer_norm_eps must be a finite number >= 0, got -1e-12"),
+    ("t5", {"layer_norm_epsilon": -1.0}, "layer_norm_epsilon must be a finite number >= 0"),
+    ("mixtral", {"rms_norm_eps": float("nan")}, "rms_norm_eps must be a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "change", "needle"), BAD_VALUES, ids=[str(r[1]) for r in BAD_VALUES])
+def test_config_values_no_model_can_take(stock_checkpoint, tmp_path, model_type, change, needle):
+    arch, src = _stock_src(stock_checkpoint, tmp_path, model_type, change)
+    _assert_fails(src, tmp_path / "dst", "config.json", needle)
+    with pytest.raises((ValueError, StrictDataclassError), match=re.escape(needle)):  # a config built in code
+        arch.config_class(**{**arch.tiny, **change})
+
+
+# --- tensors and shard names --------------------------------------------------------------------------------
+
+
+def test_tensor_stored_as_u32(bert_src, tmp_path):
+    path = bert_src / "model.safetensors"
+    key = "bert.embeddings.word_embeddings.weight"
+    path.write_bytes(_with_header(path.read_bytes(), lambda h: h[key].__setitem__("dtype", "U32")))
+    _assert_fails(bert_src, tmp_path / "dst", key, "torch.uint32", "floating-point")
+
+
+@pytest.mark.parametrize("name", ["model\0.safetensors", "x" * 300 + ".safetensors", "a/" * 3000 + "b.safetensors"])
+def test_shard_name_the_file_system_cannot_hold(bert_src, tmp_path, name):
+    keys = list(load_file(bert_src / "model.safetensors"))
+    (bert_src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(keys, name)}))
+    _assert_fails(bert_src, tmp_path / "dst", "model.safetensors.index.json", "names an invalid shard file")
+
+
+# --- a checkpoint whose activations outgrow fp16 ------------------------------------------------------------
+
+
+def test_t5_fp16_overflow_is_clamped_as_in_stock(stock_checkpoint, tmp_path):
+    """Feed-forward weights large enough that fp16 activations overflow: stock stays finite (its `wo` kept in
+    fp32, then its fp16 clamps), and fivefold gives the same logits, loaded in fp16 or cast with .half()."""
+    import transformers
+
+    src = _copy(stock_checkpoint("t5", "T5ForConditionalGeneration"), tmp_path / "src")
+    _rewrite_tensors(src, lambda t: t.update({k: v * 3000 for k, v in t.items() if ".DenseReluDense." in k}))
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8, 1]]), "decoder_input_ids": torch.tensor([[0, 5, 6]])}
+    for load in (
+        lambda cls: cls.from_pretrained(src, dtype=torch.float16),
+        lambda cls: cls.from_pretrained(src).half(),
+    ):
+        stock = load(transformers.T5ForConditionalGeneration).eval()
+        ours = load(fivefold.FivefoldT5ForConditionalGeneration).eval()
+        with torch.no_grad():
+            want, got = stock(**inputs).logits, ours(**inputs).logits
+        assert want.dtype == got.dtype == torch.float16
+        assert torch.isfinite(want).all() and torch.isfinite(got).all()
+        assert (want.float() - got.float()).abs().max() <= 1e-2

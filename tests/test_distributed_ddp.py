@@ -5,7 +5,7 @@ part in every backward pass, with a zero gradient when idle). Two gloo processes
 Checkpointing is transformers' default, non-reentrant: reentrant checkpointing records the router logits under
 no_grad, so the load-balancing loss gets no gradient there, in stock Mixtral as in fivefold (measured: 5e-3 apart)."""
 
-from multiprocess import launch
+from launching import launch
 
 MODES = [
     {"name": "strict", "ddp": {"find_unused_parameters": False}, "checkpointing": None},

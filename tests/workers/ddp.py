@@ -4,7 +4,7 @@ every DDP mode runs three SGD steps and ends equal to one process stepping on th
 import copy
 
 import torch
-from common import args, finish, max_diff, same_on_every_rank, start
+from gloo_worker import args, finish, max_diff, same_on_every_rank, start
 from torch.nn.parallel import DistributedDataParallel
 
 import fivefold

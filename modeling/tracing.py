@@ -1,0 +1,39 @@
+"""What runs differently while a compiler or exporter traces the model (torch.compile, torch.export,
+torch.onnx.export, torch.jit.trace).
+
+A traced graph cannot branch on a tensor's values. Three things in fivefold read them on the host, and each has one
+documented behaviour under tracing:
+
+- Input checks (token ids within the vocabulary, positions within the position table, ...): each is a small named
+  function decorated with `eager_only`. It always runs in eager and is skipped only while tracing, so a compiled or
+  exported model does not raise fivefold's messages; out-of-range ids then fail inside the graph (inductor's
+  bounds-checked indexing) or are the exporter's runtime's business. Checks on shapes alone are plain Python and
+  run under tracing too.
+- Unpadding (a padded batch packed into its real tokens): its sizes depend on the mask's values, so traced graphs
+  run the padded layout with the mask, as stock does (kernels.unpads).
+- Mask shortcuts (no mask when nothing is padded): traced graphs always carry the mask.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec
+
+import torch
+
+P = ParamSpec("P")
+
+
+def tracing() -> bool:
+    """Whether the current call is being traced into a graph rather than run."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+def eager_only(check: Callable[P, None]) -> Callable[P, None]:
+    """A check that reads tensor values: run in eager, skipped while tracing (never silently dropped in eager)."""
+
+    @functools.wraps(check)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        if not tracing():
+            check(*args, **kwargs)
+
+    return run

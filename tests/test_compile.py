@@ -1,0 +1,111 @@
+"""torch.compile: every architecture's forward in one graph (`fullgraph=True`) equal to eager, decoding steps over a
+static cache, dynamic shapes without recompiling; the input checks run in eager and are skipped only while tracing.
+
+Most tests trace with `aot_eager` (dynamo and AOTAutograd: a graph break or a data-dependent guard fails there as it
+does under inductor, without inductor's C++ build, ~10 s a model on 2 cores); one test runs inductor end to end."""
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from fivefold.architectures import ARCHITECTURES, stock_class_name
+from fivefold.modeling.embeddings import check_token_ids
+from fivefold.modeling.tracing import tracing
+
+TOL = 1e-4
+CHEAP = "aot_eager"
+DECODERS = [
+    pytest.param(arch, id=arch.stock_model_type)
+    for arch in ARCHITECTURES
+    if arch.stock_model_type in ("gpt2", "mixtral")
+]
+
+
+def load(converted, arch, auto_name: str = "AutoModel", **overrides):
+    cls = arch.models[auto_name]
+    name = stock_class_name(cls)
+    _, dst = converted(arch.stock_model_type, name)
+    model = cls.from_pretrained(dst, attn_implementation="sdpa", **overrides).eval()
+    return model, arch.sample_inputs(model.config, name, 0)
+
+
+def first_output(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs, use_cache=False, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, id=a.stock_model_type) for a in ARCHITECTURES])
+def test_forward_compiles_to_one_graph_equal_to_eager(converted, arch):
+    model, inputs = load(converted, arch)
+    if "attention_mask" in inputs and arch.stock_model_type != "t5":
+        assert inputs["attention_mask"].min() == 0  # a ragged batch: eager unpads the encoders, the graph does not
+    expected = first_output(model, inputs)
+    got = first_output(torch.compile(model, fullgraph=True, backend=CHEAP), inputs)
+    assert (got - expected).abs().max() <= TOL
+
+
+def test_inductor_matches_eager(converted):
+    (arch,) = [a for a in ARCHITECTURES if a.stock_model_type == "bert"]
+    model, inputs = load(converted, arch)
+    expected = first_output(model, inputs)
+    got = first_output(torch.compile(model, fullgraph=True), inputs)
+    assert (got - expected).abs().max() <= TOL
+
+
+@pytest.mark.parametrize(
+    "arch", [pytest.param(a, id=a.stock_model_type) for a in ARCHITECTURES if a.stock_model_type == "bert"]
+)
+def test_dynamic_shapes_compile_once(converted, arch):
+    model, inputs = load(converted, arch)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=CHEAP)
+    first_output(compiled, inputs)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for length in (7, 9, 12):
+            shorter = {k: v[:2, :length].contiguous() for k, v in inputs.items()}
+            assert (first_output(compiled, shorter) - first_output(model, shorter)).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
+    """Prefill in eager, then decoding steps (one token per row, the mask over every slot of the cache) through a
+    compiled forward that compiles once, against the same steps in eager over a cache of their own."""
+    model, _ = load(converted, arch, "AutoModelForCausalLM")
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, model.config.vocab_size, (2, 6), generator=gen)
+    steps = torch.randint(5, model.config.vocab_size, (2, 3), generator=gen)
+    slots = 12
+    compiled = torch.compile(model, fullgraph=True, backend=CHEAP)
+
+    def decode(step) -> torch.Tensor:
+        cache = StaticCache(config=model.config, max_cache_len=slots)
+        logits = []
+        with torch.no_grad():
+            model(input_ids=prompt, cache=cache, attention_mask=torch.ones_like(prompt), use_cache=True)
+            for i in range(steps.shape[1]):
+                with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                    out = step(
+                        input_ids=steps[:, i : i + 1],
+                        cache=cache,
+                        position_ids=torch.tensor([[prompt.shape[1] + i]]),
+                        attention_mask=torch.ones(2, slots, dtype=torch.long),
+                        use_cache=True,
+                    )
+                logits.append(out.logits)
+        return torch.cat(logits, dim=1)
+
+    assert (decode(compiled) - decode(model)).abs().max() <= TOL
+
+
+def test_input_checks_run_in_eager_and_are_skipped_only_while_tracing():
+    bad = torch.tensor([[1, 2, 500]])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        check_token_ids(bad, 99)
+
+    def checked(ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        check_token_ids(ids, 99)
+        return ids + 1, tracing()
+
+    out, traced = torch.compile(checked, fullgraph=True, backend=CHEAP)(bad)
+    assert traced and out.tolist() == [[2, 3, 501]]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        checked(bad)  # the same function in eager, after compiling it

