@@ -4,7 +4,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 `fivefold.FivefoldBertConfig`, `fivefold.FivefoldBertForMaskedLM`, ... (the architecture table lists them once).
 """
 
-from fivefold import conversion
+from fivefold import conversion, peft_defaults
 from fivefold.architectures import ARCHITECTURES, register
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
 from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
@@ -25,6 +25,7 @@ for _arch in ARCHITECTURES:
     for _cls in (_arch.config_class, _arch.pretrained_class, *_arch.models.values()):
         _classes[_cls.__name__] = _cls
 globals().update(_classes)
+peft_defaults.register()  # LoRA's default targets for fivefold's model types, once PEFT is imported
 
 __all__ = [
     "CheckpointWarning",
