@@ -4,10 +4,12 @@ import os
 
 import torch
 import transformers
+from transformers.core_model_loading import revert_weight_conversion
 
 from .hub import HubRef
 from .sanitize import kept_fields
 from .source import architecture_of, model_class_of, read_config, resolve_source
+from .validation import our_prefix
 
 
 def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -70,5 +72,24 @@ def verify(
     # SRC's own config.json may name kernels or quantisers to fetch: the stock model gets the sanitised fields.
     stock_config = stock_cls.config_class.from_dict(kept_fields(arch.config_class, stock_cfg))
     stock = stock_cls.from_pretrained(src_folder, config=stock_config, dtype=torch.float32).eval()
-    ours = ours_cls.from_pretrained(dst_folder, dtype=torch.float32).eval()
+    ours, info = ours_cls.from_pretrained(dst_folder, dtype=torch.float32, output_loading_info=True)
+    share_fresh_tensors(arch, stock, ours.eval(), set(info["missing_keys"]))
     return compare(stock, ours, arch.sample_inputs(stock.config, stock_cls.__name__, seed))
+
+
+def share_fresh_tensors(arch, stock, ours, missing: set[str]) -> None:
+    """Tensors the checkpoint lacks (a pooler, a head) are initialised fresh on both sides, from different random
+    draws: ours get stock's values, so that the comparison is of what the checkpoint holds."""
+    if missing:
+        ours.load_state_dict(stock_values_of(arch, stock, type(ours), ours.config, missing), strict=False)
+
+
+def stock_values_of(arch, stock, target: type, config, keys: set[str]) -> dict[str, torch.Tensor]:
+    """The stock model's tensors under our names (`keys` of a `target` model), through the key map."""
+    state = revert_weight_conversion(stock, stock.state_dict())  # the names a stock checkpoint holds
+    plan = arch.keys(config).plan(list(state), arch.stock_prefix, our_prefix(arch, target))
+    found = {}
+    for step in plan.steps:
+        if keys & set(step.targets):
+            found.update({k: v for k, v in plan.run(step, state.__getitem__).items() if k in keys})
+    return found
