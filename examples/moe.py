@@ -49,7 +49,7 @@ def snippet_texts(count: int, seed: int) -> list[str]:
     data = load_dataset(
         "csv", data_files=str(SNIPPETS), delimiter="\t", column_names=["id", "score", "text"], quoting=csv.QUOTE_NONE
     )["train"]
-    return data.shuffle(seed=seed).select(range(count))["text"]
+    return list(data.shuffle(seed=seed).select(range(count))["text"])
 
 
 def pad_batch(examples: list[dict], pad: int) -> dict[str, torch.Tensor]:
