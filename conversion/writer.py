@@ -95,14 +95,27 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
 
 
 def check_destination(dst: str | os.PathLike, force: bool) -> Path:
-    dst = Path(dst)
+    # Absolute, so that "." or "x/.." has a real name and parent to write beside; a symlink is not followed.
+    dst = Path(os.path.abspath(dst))
     try:
         recover_destination(dst)
     except OSError as e:
         raise _cannot_write(dst, e) from None
     if (dst.exists() or dst.is_symlink()) and not force:
         raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    if _holds_working_directory(dst):
+        raise ConversionError(f"{dst} holds the working directory: replacing it would leave this process in a "
+                              "deleted folder; write the conversion elsewhere")  # fmt: skip
     return dst
+
+
+def _holds_working_directory(folder: Path) -> bool:
+    """Whether replacing `folder` would delete the directory this process stands in (a symlink is replaced, not
+    its target)."""
+    if not folder.exists() or folder.is_symlink():
+        return False
+    here = Path.cwd().resolve()
+    return folder.resolve() == here or folder.resolve() in here.parents
 
 
 def check_apart(src: Path, dst: Path) -> None:
@@ -284,8 +297,14 @@ def updated_folder(dst: str | os.PathLike) -> Iterator[Path]:
     """`save_pretrained` made atomic: yields a temporary folder beside `dst` to save into, which then takes
     `dst`'s place in one step, carrying over (hard-linked) every entry of the old `dst` that the save did not
     write and that transformers would not have deleted. Killed at any instant, `dst` is the old folder or the
-    new one. A symlink `dst` is followed: the folder it names is updated."""
-    dst = Path(dst).resolve() if Path(dst).is_symlink() else Path(dst)
+    new one. A symlink `dst` is followed: the folder it names is updated. The working directory, or a folder
+    holding it, is written in place."""
+    dst = Path(dst).resolve() if Path(dst).is_symlink() else Path(os.path.abspath(dst))
+    if _holds_working_directory(dst):
+        # Swapping the working directory (or a folder above it) would leave the process in a deleted folder:
+        # written in place, as transformers does.
+        yield dst
+        return
     with atomic_folder(dst, force=True) as tmp:
         yield tmp
         if dst.is_dir():
