@@ -4,7 +4,7 @@ from .convert import convert, export
 from .errors import CheckpointWarning, ConversionError
 from .loading import open_stock_checkpoint
 from .remote_code import write_remote_code
-from .writer import updated_folder
+from .saving import updated_folder
 
 __all__ = ["CheckpointWarning", "ConversionError", "convert", "export", "open_stock_checkpoint", "updated_folder",
            "write_remote_code"]  # fmt: skip
