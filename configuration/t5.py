@@ -7,12 +7,14 @@ from huggingface_hub.dataclasses import strict
 from transformers import T5Config
 
 from .base import FivefoldConfigMixin
+from .parallel import tensor_parallel_plan
 from .validation import check_positive
 
 
 @strict(accept_kwargs=True)
 class FivefoldT5Config(FivefoldConfigMixin, T5Config):
     model_type = "fivefold_t5"
+    base_model_tp_plan = tensor_parallel_plan("encoder", "decoder", cross_attention=True, relative_bias=True)
 
     def validate_architecture(self) -> None:
         super().validate_architecture()

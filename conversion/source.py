@@ -92,7 +92,8 @@ def read_config_if_any(name_or_path: str | os.PathLike, ref: HubRef = LATEST) ->
     path = Path(name_or_path)
     if path.is_dir():
         path = path / ref.subfolder if ref.subfolder else path
-        return read_config(path) if (path / "config.json").is_file() else None
+        # Anything named config.json is read here, so that a FIFO or a device is refused rather than hung on.
+        return read_config(path) if os.path.lexists(path / "config.json") else None
     try:
         from huggingface_hub import hf_hub_download
 

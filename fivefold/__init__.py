@@ -7,10 +7,10 @@ Importing fivefold registers every fivefold config and model with transformers' 
 from fivefold import conversion, peft_defaults
 from fivefold.architectures import ARCHITECTURES, register
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
+from fivefold.loss_logging import MixtureOfExpertsTrainer, PreTrainingTrainer
 from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
 from fivefold.next_sentence import next_sentence_pairs
-from fivefold.pretraining import PreTrainingTrainer
 from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
@@ -31,6 +31,7 @@ __all__ = [
     "CheckpointWarning",
     "ConversionError",
     "MLM_PROBABILITY",
+    "MixtureOfExpertsTrainer",
     "DataCollatorForSpanCorruption",
     "PackedMaskedLMCollator",
     "PreTrainingTrainer",
