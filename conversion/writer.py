@@ -55,7 +55,7 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[
 def write_safetensors(
     folder: Path,
     sizes: list[tuple[str, int]],
-    materialize: Callable[[list[str]], dict[str, torch.Tensor]],
+    materialize: Callable[..., dict[str, torch.Tensor]],  # (keys, done(bytes) per tensor) -> tensors
     max_shard_size: int,
     progress: bool = True,
 ) -> list[str]:
@@ -66,10 +66,12 @@ def write_safetensors(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    bar = tqdm(total=sum(s for _, s in sizes), unit="B", unit_scale=True, desc="writing", disable=not progress)
+    # Each byte counts twice: once read, checked and mapped (tensor by tensor), once written (shard by shard).
+    total = 2 * sum(s for _, s in sizes)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading, checking, writing", disable=not progress)
     weight_map = {}
     for file, keys in zip(names, shards, strict=True):
-        tensors = {k: t.contiguous() for k, t in materialize(keys).items()}
+        tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
         _unshare(tensors)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
