@@ -1,14 +1,22 @@
-"""Encoder forward speed, fivefold vs stock transformers, on identical weights at the public sizes.
+"""Encoder forward speed, fivefold vs stock transformers and ONNX Runtime, on identical weights at the public sizes.
 
-Both models are timed alternately in one process on the same inputs: a full batch (8 x 128) and a ragged batch
-(16 sequences, lengths uniform in 16..512, fixed seed, padded to the longest). fivefold runs as loaded, i.e.
-unpadded on the ragged batch (config.unpad_inputs, on by default); `--padded` adds a row with it off. Reports real
-(non-pad) tokens/s, the ratio fivefold / stock, and the max abs difference of the non-pad outputs.
+All contenders are timed alternately in one process on the same inputs: a full batch (8 x 128) and a ragged batch
+(16 sequences, lengths uniform in 16..512, fixed seed, padded to the longest), in fp32 and in bf16. fivefold runs as
+loaded, i.e. unpadded on the ragged batch (config.unpad_inputs, on by default); `--padded` adds a row with it off.
+ONNX Runtime runs the stock model exported (TorchScript exporter, eager attention, dynamic batch and length) and
+rewritten by ORT's BERT optimizer (fused attention, embedding and skip layer norms, bias GELU), with every graph
+optimisation on, 2 intra-op threads and spinning off; it runs fp32 only (its CPU provider has no bf16 kernels for
+these ops). Reports real (non-pad) tokens/s, ratios against stock in the same dtype, against ORT fp32 and against
+fivefold fp32, and the max abs difference of the non-pad outputs from stock fp32. With --json the tables come as
+JSON too (harness.report_json).
 
     python benchmarks/encoders.py                       # bert-, roberta- and ModernBERT-base, markdown to stdout
-    python benchmarks/encoders.py --archs bert --runs 7 --out results.md
+    python benchmarks/encoders.py --archs bert --runs 7 --out results.md --json results.json
     python benchmarks/encoders.py --quick               # tiny models and batches: a smoke test in seconds
 """
+
+import tempfile
+from pathlib import Path
 
 import torch
 import transformers
@@ -40,41 +48,124 @@ def batches(vocab_size: int, pad: int, max_len: int, shapes: tuple) -> dict[str,
     }
 
 
-def bench(arch: str, runs: int, quick: bool, padded: bool) -> list[list[str]]:
+class ExportedStock(torch.nn.Module):
+    """The stock model as the exporter sees it: tensors in, last_hidden_state out."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def onnxruntime_model(found, inputs: dict, folder: str) -> tuple[object, str]:
+    """(a callable running the stock model in ONNX Runtime, what was fused), or (None, why not)."""
+    try:
+        import onnxruntime as ort
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError as e:
+        return None, f"onnxruntime not installed ({e})"
+    stock = found.load_stock(attn_implementation="eager")  # the attention pattern ORT's optimizer fuses
+    exported, optimized = Path(folder, "stock.onnx"), Path(folder, "stock-optimized.onnx")
+    axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}}
+    try:
+        torch.onnx.export(
+            ExportedStock(stock).eval(),
+            (inputs["input_ids"], inputs["attention_mask"]),
+            str(exported),
+            input_names=list(axes),
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            dynamo=False,
+        )
+        config = stock.config
+        model = optimize_model(
+            str(exported), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size
+        )
+        model.save_model_to_file(str(optimized))
+    except Exception as e:  # an exporter or optimizer limit on this architecture: reported, not fatal
+        return None, f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(optimized), options, providers=["CPUExecutionProvider"])
+
+    def run(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        feed = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()}
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return run, ", ".join(f"{op} {n}" for op, n in fused.items())
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], ort: bool) -> tuple[list, list]:
+    """(table rows, notes)."""
     stock_class, hub_id = PUBLIC[arch]
     fields, name = size(arch, hub_id, quick)
-    with checkpoints(stock_class, fields) as found:
-        stock = found.load_stock()
-        variants = {"fivefold": found.load_fivefold()}
-        if padded:
-            variants["fivefold padded"] = found.load_fivefold(unpad_inputs=False)
-        config = stock.config
+    rows, notes = [], []
+    with checkpoints(stock_class, fields) as found, tempfile.TemporaryDirectory() as folder:
+        config = found.load_stock().config
         shapes = SHAPES["quick" if quick else "public"]
         max_len = min(config.max_position_embeddings - 2, 512)
-        rows = []
-        for batch, inputs in batches(config.vocab_size, config.pad_token_id, max_len, shapes).items():
+        all_batches = batches(config.vocab_size, config.pad_token_id, max_len, shapes)
+        runtime = None
+        if ort:
+            runtime, fused = onnxruntime_model(found, next(iter(all_batches.values())), folder)
+            notes.append(f"{name}: onnxruntime {'fused ' + fused if runtime else 'skipped: ' + fused}")
+        reference = found.load_stock()
+        for batch, inputs in all_batches.items():
             tokens = int(inputs["attention_mask"].sum())
             real = inputs["attention_mask"].bool()
             with torch.inference_mode():
-                expected = stock(**inputs).last_hidden_state  # also warm-up
-                diffs = {k: float((expected - m(**inputs)[0])[real].abs().max()) for k, m in variants.items()}
-                models = {"stock": stock, **variants}
-                times = alternate({k: (lambda m=m, x=inputs: m(**x)) for k, m in models.items()}, runs)
-            s = tokens / times["stock"].median
-            for k in variants:
-                f = tokens / times[k].median
-                rows.append([name, batch, k, str(tokens), f"{s:,.0f}", f"{f:,.0f}", f"{f / s:.2f}x", f"{diffs[k]:.1e}"])
-    return rows
+                expected = reference(**inputs).last_hidden_state
+            fivefold_fp32 = None
+            for dtype_name in dtypes:
+                dtype = DTYPES[dtype_name]
+                stock = found.load_stock(dtype=dtype)
+                models = {"stock": stock, "fivefold": found.load_fivefold(dtype=dtype)}
+                if padded:
+                    models["fivefold padded"] = found.load_fivefold(dtype=dtype, unpad_inputs=False)
+                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in models.items()}
+                if runtime is not None and dtype == torch.float32:
+                    calls["onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
+                with torch.inference_mode():
+                    diffs = {k: float((expected - call().float())[real].abs().max()) for k, call in calls.items()}
+                    times = alternate(calls, runs)
+                speed = {k: tokens / t.median for k, t in times.items()}
+                if dtype == torch.float32:
+                    fivefold_fp32 = speed["fivefold"]
+                    ort_fp32 = speed.get("onnxruntime")
+                for k in calls:
+                    if k == "stock":
+                        continue
+                    vs_ort = f"{speed[k] / ort_fp32:.2f}x" if ort and ort_fp32 and k != "onnxruntime" else "-"
+                    vs_fp32 = f"{speed[k] / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
+                    cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
+                    rows.append([*cells, f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{diffs[k]:.1e}"])
+                del models, stock
+    return rows, notes
 
 
 def main() -> None:
     parser = command_line(__doc__)
     parser.add_argument("--archs", nargs="+", default=list(PUBLIC), choices=list(PUBLIC))
     parser.add_argument("--padded", action="store_true", help="also time fivefold with unpad_inputs=False")
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--no-ort", dest="ort", action="store_false", help="leave ONNX Runtime out")
     args = parse(parser)
-    header = ["model", "batch", "fivefold", "real tokens", "stock tok/s", "fivefold tok/s", "ratio", "max abs diff"]
-    rows = [row for arch in args.archs for row in bench(arch, args.runs, args.quick, args.padded)]
-    write_report([machine_line(f"fp32, sdpa, median of {args.runs}"), "", *table(header, rows)], args.out)
+    header = ["model", "batch", "dtype", "contender", "real tokens", "stock tok/s", "tok/s", "vs stock"]
+    header += ["vs ORT fp32", "vs fivefold fp32", "max abs diff vs stock fp32"]
+    rows, notes = [], []
+    for arch in args.archs:
+        arch_rows, arch_notes = bench(arch, args.runs, args.quick, args.padded, args.dtypes, args.ort)
+        rows, notes = rows + arch_rows, notes + arch_notes
+    lines = [machine_line(f"sdpa, median of {args.runs}"), "", *table(header, rows), "", *notes]
+    write_report(lines, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def main() -> None:
         "",
         *table(header, rows),
     ]
-    write_report(lines, args.out)
+    write_report(lines, args.out, args.json)
     if not identical:
         raise SystemExit("generated tokens differ from stock")
 

@@ -2,6 +2,7 @@
 checkpoint and its conversion, alternate timing, and the markdown report with its machine line."""
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -32,6 +33,7 @@ def command_line(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, help=f"timed runs of each contender (default {RUNS}, {QUICK_RUNS} --quick)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script in seconds")
     parser.add_argument("--out", help="also write the markdown report here")
+    parser.add_argument("--json", help="also write the report's tables here as JSON (numbers parsed from the cells)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     return parser
 
@@ -138,9 +140,46 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(cells)} |" for cells in rows)]
 
 
-def write_report(lines: list[str], out: str | None) -> None:
-    """Prints the report and, with --out, writes it there too."""
+def cell_value(cell: str) -> object:
+    """A table cell as JSON holds it: a number where the cell is one ("1,234", "2.10x", "1.5e-06", "87%"),
+    else the text."""
+    text = cell.strip().replace(",", "")
+    for suffix, scale in (("x", 1.0), ("%", 0.01), ("", 1.0)):
+        if suffix and not text.endswith(suffix):
+            continue
+        try:
+            return float(text.removesuffix(suffix) if suffix else text) * scale
+        except ValueError:
+            continue
+    return cell
+
+
+def report_json(lines: list[str]) -> dict:
+    """The report as data: its machine line, every markdown table as rows keyed by the header, and the other lines
+    (notes), in order."""
+    tables, notes, i = [], [], 1
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            header = [c.strip() for c in lines[i].strip("| ").split(" | ")]
+            i += 2
+            rows = []
+            while i < len(lines) and lines[i].startswith("| "):
+                cells = [c.strip() for c in lines[i].strip("| ").split(" | ")]
+                rows.append({h: cell_value(c) for h, c in zip(header, cells, strict=True)})
+                i += 1
+            tables.append({"header": header, "rows": rows})
+            continue
+        if lines[i].strip():
+            notes.append(lines[i])
+        i += 1
+    return {"machine": lines[0] if lines else "", "tables": tables, "notes": notes}
+
+
+def write_report(lines: list[str], out: str | None, json_out: str | None = None) -> None:
+    """Prints the report and, with --out, writes it there too; with --json, its tables as JSON."""
     report = "\n".join(lines)
     print(report)
     if out:
         Path(out).write_text(report + "\n")
+    if json_out:
+        Path(json_out).write_text(json.dumps(report_json(lines), indent=1) + "\n")

@@ -187,7 +187,7 @@ def main() -> None:
         ]
         if not args.no_loading:
             lines += loading(found)
-    write_report(lines, args.out)
+    write_report(lines, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def main() -> None:
     new_tokens, enc_shape, gen_shape = (4, (2, 16), (2, 8)) if args.quick else (32, (8, 128), (4, 64))
     rows = bench(fields, args.runs, new_tokens, enc_shape, gen_shape)
     header = ["task", "stock tok/s", "fivefold tok/s", "ratio", "check"]
-    write_report([machine_line(f"{model_name}, fp32, sdpa, median of {args.runs}"), "", *table(header, rows)], args.out)
+    lines = [machine_line(f"{model_name}, fp32, sdpa, median of {args.runs}"), "", *table(header, rows)]
+    write_report(lines, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def main() -> None:
     pixels = fields["image_size"]
     header = ["model", "batch", "stock images/s", "fivefold images/s", "ratio", "max abs diff (logits)"]
     row = [model_name, f"{args.batch} x {pixels}x{pixels}", f"{s:,.2f}", f"{f:,.2f}", f"{f / s:.2f}x", f"{diff:.1e}"]
-    write_report([machine_line(f"fp32, {args.attn}, median of {args.runs}"), "", *table(header, [row])], args.out)
+    lines = [machine_line(f"fp32, {args.attn}, median of {args.runs}"), "", *table(header, [row])]
+    write_report(lines, args.out, args.json)
 
 
 if __name__ == "__main__":

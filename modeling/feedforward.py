@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .linear import Linear
+from .linear import Linear, linear_then_activation
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class DenseFeedForward(nn.Module):
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
-        return self.down_proj(self.dropout(self.act(self.up_proj(x))))
+        return self.down_proj(self.dropout(linear_then_activation(self.up_proj, self.act, x)))
 
 
 class GatedFeedForward(nn.Module):

@@ -19,6 +19,7 @@ import warnings
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
 
 
 def find_private(path: str) -> object | None:
@@ -58,6 +59,25 @@ def find_private_symbols() -> tuple[dict[str, object], tuple[str, ...]]:
 _PRIVATE, MISSING_PRIVATE = find_private_symbols()
 _ONEDNN_LINEAR = _PRIVATE.get("torch.ops.mkldnn._linear_pointwise")
 ONEDNN_AVAILABLE = not MISSING_PRIVATE and torch.backends.mkldnn.is_available()
+
+# Half-precision matmuls run through oneDNN where this CPU has the instructions for them (avx512_bf16 or AMX for
+# bf16, avx512_fp16 or AMX-FP16 for fp16), asked at run time; elsewhere aten's path, whose bf16 GEMM oneDNN also
+# backs, is as good. A torch without the probe keeps that dtype on F.linear.
+_HALF_PROBES = {
+    torch.bfloat16: "torch.ops.mkldnn._is_mkldnn_bf16_supported",
+    torch.float16: "torch.ops.mkldnn._is_mkldnn_fp16_supported",
+}
+
+
+def onednn_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes oneDNN's matmul takes here: fp32, and bf16 / fp16 where the CPU supports them."""
+    if not ONEDNN_AVAILABLE:
+        return frozenset()
+    probes = {dtype: find_private(path) for dtype, path in _HALF_PROBES.items()}
+    return frozenset({torch.float32} | {dtype for dtype, probe in probes.items() if probe is not None and probe()})
+
+
+ONEDNN_DTYPES = onednn_dtypes()
 _warned_missing = False
 
 
@@ -107,15 +127,18 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not (type(x) in _PLAIN and type(weight) in _PLAIN) or _watched():
         return False  # first, so that no FX proxy or traced tensor reaches a data-dependent check
     if bias is not None and not (
-        type(bias) in _PLAIN and bias.device.type == "cpu" and bias.dtype == torch.float32 and bias.is_contiguous()
+        type(bias) in _PLAIN
+        and bias.device.type == "cpu"
+        and bias.dtype in (torch.float32, x.dtype)
+        and bias.is_contiguous()
     ):
-        return False  # the op reads the bias as a dense fp32 vector in host memory
+        return False  # the op reads the bias as a dense vector in host memory
     return (
         torch.backends.mkldnn.enabled
         and x.device.type == "cpu"
         and weight.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and x.dtype in ONEDNN_DTYPES
+        and weight.dtype == x.dtype
         and x.layout == torch.strided
         and weight.layout == torch.strided
         and x.dim() >= 2
@@ -139,6 +162,42 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+# Activations oneDNN applies to the matmul's output before writing it (a post-op): (attr, scalars, algorithm).
+# The activation then reads the fp32 accumulator, where a separate one reads the rounded output, and the [N, F]
+# inner activations make one trip through memory instead of three (bf16 elementwise ops in aten are slow besides).
+FUSED_ACTIVATIONS: dict[type, tuple[str, list, str]] = {
+    GELUActivation: ("gelu", [], "none"),
+    NewGELUActivation: ("gelu", [], "tanh"),
+    GELUTanh: ("gelu", [], "tanh"),
+    nn.ReLU: ("relu", [], ""),
+}
+
+
+def _intercepted(layer: nn.Module) -> bool:
+    """Whether something other than `Linear.forward` may run on a call of `layer` (hooks, a patched forward)."""
+    return bool(
+        layer._forward_hooks
+        or layer._forward_pre_hooks
+        or "forward" in vars(layer)
+        or nn.modules.module._global_forward_hooks
+        or nn.modules.module._global_forward_pre_hooks
+    )
+
+
+def linear_then_activation(layer: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`activation(layer(x))`, as one oneDNN matmul with the activation as its post-op where the layer is a plain
+    fivefold `Linear` nothing intercepts (not a LoRA wrapper, not under hooks) and the op takes these tensors."""
+    fused = FUSED_ACTIVATIONS.get(type(activation))
+    if (
+        fused is None
+        or type(layer) is not Linear
+        or _intercepted(layer)
+        or not uses_onednn(x, layer.weight, layer.bias)
+    ):
+        return activation(layer(x))
+    return _ONEDNN_LINEAR(x, layer.weight, layer.bias, *fused)
 
 
 def use_torch_linears(model: nn.Module) -> nn.Module:

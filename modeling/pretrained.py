@@ -51,10 +51,11 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
         if cls.converter is not None and pretrained_model_name_or_path is not None:
-            user_config = kwargs.get("config")
-            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, user_config)
+            hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
+            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
             if stock is not None:
-                kwargs.pop("config", None)
+                for key in ("config", *hub):  # the converted state and a local config replace them
+                    kwargs.pop(key, None)
                 with stock as (config, state_dict):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:

@@ -1,5 +1,6 @@
 """Every benchmark script runs in its --quick mode and prints a markdown report, so that none rots unnoticed."""
 
+import json
 import os
 import re
 import signal
@@ -17,9 +18,9 @@ TIMEOUT_S = 180  # a --quick run takes seconds; this only catches a hang
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_quick_mode_prints_a_table(script, tmp_path):
-    out = tmp_path / "report.md"
+    out, data = tmp_path / "report.md", tmp_path / "report.json"
     process = subprocess.Popen(
-        [sys.executable, str(script), "--quick", "--out", str(out)],
+        [sys.executable, str(script), "--quick", "--out", str(out), "--json", str(data)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -36,3 +37,6 @@ def test_quick_mode_prints_a_table(script, tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     assert re.search(r"^\| .+ \|\n\|(---\|)+\n\| .+ \|$", stdout, re.M), stdout
     assert out.read_text() == stdout
+    tables = json.loads(data.read_text())["tables"]  # what the docs' charts are drawn from
+    assert tables and all(table["rows"] for table in tables)
+    assert any(isinstance(value, float) for table in tables for row in table["rows"] for value in row.values())
