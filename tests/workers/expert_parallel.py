@@ -27,6 +27,14 @@ def vm(field: str) -> float:
     raise KeyError(field)
 
 
+# The same path once on a tiny model first, so that what is measured below is the big model's weights rather than
+# the first call's one-time costs (imports, buffers of the process group and of FSDP2).
+warm = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+    args["tiny"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
+)
+with torch.no_grad():
+    warm(input_ids=torch.tensor([[5, 6, 7]]))
+del warm
 before = vm("VmRSS")
 ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
     args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
