@@ -34,8 +34,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
-    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together.
+    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together, and the ranks
+    # that split the experts.
     data_parallel_group: Any = None
+    expert_group: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.

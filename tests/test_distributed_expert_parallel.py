@@ -1,6 +1,7 @@
 """Expert parallelism through `from_pretrained(..., distributed_config=DistributedConfig(ep_size=2, fsdp_size=2))`
 on two gloo processes (tests/workers/expert_parallel.py): each rank holds and reads half the experts, tokens travel
-by all-to-all, and every result equals one process."""
+by all-to-all, and every result equals one process; and with `DistributedConfig(ep_size=2, tp_size=2)`, where the
+ranks share one batch and tensor parallelism splits the rest."""
 
 from launching import launch
 
@@ -40,6 +41,7 @@ def test_expert_parallel_equals_one_process(tmp_path):
         assert r["logits"] <= 1e-5 and r["aux_loss"] <= 1e-6, r
         assert r["expert_grads"] <= 1e-5 and r["router_grad"] <= 1e-5, results
         assert r["generate"]
+        assert r["tp_logits"] <= 1e-5 and r["tp_expert_grads"] <= 1e-5, r  # ep_size=2, tp_size=2: one batch
     saved, original = read_tensors(tmp_path / "saved"), read_tensors(tmp_path / "checkpoint")
     assert saved.keys() == original.keys()
     assert all(torch.equal(saved[k], original[k]) for k in original)

@@ -78,4 +78,22 @@ result["generate"] = got.tolist() == want.tolist() and got.shape[1] == ids.shape
 
 ep.save_pretrained(folder / "saved")
 dist.barrier()
+
+# With tensor parallelism instead of FSDP2: both ranks hold the same batch.
+both = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+    args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, tp_size=2)
+)
+shared = batches[0]
+full.zero_grad()
+with torch.no_grad():
+    result["tp_logits"] = max_diff(both(input_ids=shared).logits, full(input_ids=shared).logits)
+both.train()
+both(input_ids=shared, labels=shared).loss.backward()
+full(input_ids=shared, labels=shared).loss.backward()
+tp_experts = both.model.layers[0].mlp.experts
+result["tp_expert_grads"] = max(
+    max_diff(p.grad, q.grad)
+    for e in result["held"]
+    for p, q in zip(tp_experts[e].parameters(), full.model.layers[0].mlp.experts[e].parameters(), strict=True)
+)
 finish(result)
