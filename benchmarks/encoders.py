@@ -118,6 +118,12 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             runtime, fused = onnxruntime_model(found, next(iter(all_batches.values())), folder)
             notes.append(f"{name}: onnxruntime {'fused ' + fused if runtime else 'skipped: ' + fused}")
         reference = found.load_stock()
+        loaded = {}  # dtype -> contender -> model, loaded once for both batches
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            loaded[dtype_name] = {"stock": found.load_stock(dtype=dtype), "fivefold": found.load_fivefold(dtype=dtype)}
+            if padded:
+                loaded[dtype_name]["fivefold padded"] = found.load_fivefold(dtype=dtype, unpad_inputs=False)
         for batch, inputs in all_batches.items():
             tokens = int(inputs["attention_mask"].sum())
             real = inputs["attention_mask"].bool()
@@ -126,11 +132,7 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             fivefold_fp32 = None
             for dtype_name in dtypes:
                 dtype = DTYPES[dtype_name]
-                stock = found.load_stock(dtype=dtype)
-                models = {"stock": stock, "fivefold": found.load_fivefold(dtype=dtype)}
-                if padded:
-                    models["fivefold padded"] = found.load_fivefold(dtype=dtype, unpad_inputs=False)
-                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in models.items()}
+                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in loaded[dtype_name].items()}
                 if runtime is not None and dtype == torch.float32:
                     calls["onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
                 with torch.inference_mode():
@@ -147,7 +149,6 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                     vs_fp32 = f"{speed[k] / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
                     cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
                     rows.append([*cells, f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{diffs[k]:.1e}"])
-                del models, stock
     return rows, notes
 
 
