@@ -4,12 +4,14 @@ from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
 from .base import FivefoldConfigMixin
+from .parallel import tensor_parallel_plan
 from .validation import check_attention_heads, check_positive
 
 
 @strict(accept_kwargs=True)
 class FivefoldGPT2Config(FivefoldConfigMixin, GPT2Config):
     model_type = "fivefold_gpt2"
+    base_model_tp_plan = tensor_parallel_plan("")
 
     def validate_architecture(self) -> None:
         super().validate_architecture()

@@ -5,6 +5,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
+from .parallel import tensor_parallel_plan
 from .validation import check_attention_heads, check_positive
 
 
@@ -12,8 +13,8 @@ from .validation import check_attention_heads, check_positive
 class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
     model_type = "fivefold_mixtral"
     # Stock's parallelism plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts
-    # are separate modules, so those plans would point at nothing.
-    base_model_tp_plan = None
+    # are separate modules: each is split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py).
+    base_model_tp_plan = tensor_parallel_plan("", experts=True)
     base_model_ep_plan = None
     base_model_pp_plan = None
 

@@ -9,6 +9,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import ModernBertConfig
 
 from .base import FivefoldConfigMixin
+from .parallel import tensor_parallel_plan
 from .validation import check_attention_heads, check_positive
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -17,6 +18,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 @strict(accept_kwargs=True)
 class FivefoldModernBertConfig(FivefoldConfigMixin, ModernBertConfig):
     model_type = "fivefold_modernbert"
+    base_model_tp_plan = tensor_parallel_plan("")
     # Run padded batches on their real tokens only (fivefold.modeling.padding); False: the padded layout throughout.
     unpad_inputs: bool = True
 

@@ -2,9 +2,20 @@
 
 from .convert import convert, export
 from .errors import CheckpointWarning, ConversionError
+from .hub import push_folder
 from .loading import open_stock_checkpoint
 from .remote_code import write_remote_code
-from .writer import updated_folder
+from .saving import updated_folder
+from .verify import verify
 
-__all__ = ["CheckpointWarning", "ConversionError", "convert", "export", "open_stock_checkpoint", "updated_folder",
-           "write_remote_code"]  # fmt: skip
+__all__ = [
+    "CheckpointWarning",
+    "ConversionError",
+    "convert",
+    "export",
+    "open_stock_checkpoint",
+    "push_folder",
+    "updated_folder",
+    "verify",
+    "write_remote_code",
+]

@@ -22,6 +22,9 @@ class Architecture:
     public: dict[str, dict]
     # (stock config, stock class name, seed) -> a batch for that class, used by `verify`, `demo` and tests.
     sample_inputs: Callable[..., dict]
+    # PEFT's default LoRA targets for this model type (`LoraConfig` without target_modules), after PEFT's own for
+    # the stock type: the query and value projections, or all three where stock fuses them into one layer.
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
 
     @property
     def model_type(self) -> str:

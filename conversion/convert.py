@@ -10,9 +10,12 @@ import torch
 
 from .architecture import stock_class_name
 from .errors import ConversionError
+from .hub import HubRef, check_can_push, push_folder
 from .keymap import Plan
+from .model_card import model_card
 from .reader import CheckpointReader, checked_getter
 from .remote_code import write_remote_code
+from .sentence_modules import copy_sentence_transformers_files, is_sentence_transformers
 from .side_files import copy_side_files
 from .source import (
     architecture_of,
@@ -33,13 +36,16 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
     step_of = {t: step for step in plan.steps for t in step.targets}
     get = checked_getter(reader)
 
-    def materialize(keys: list[str]) -> dict[str, torch.Tensor]:
+    def materialize(keys: list[str], done: Callable[[int], object] = lambda nbytes: None) -> dict[str, torch.Tensor]:
+        """Reads, checks and maps the tensors of `keys`, calling `done(bytes)` after each one (the progress bar)."""
         out: dict[str, torch.Tensor] = {}
         for key in keys:
             if key not in out:
-                out.update({k: v for k, v in plan.run(step_of[key], get).items() if k in keys})
-        if dtype is not None:
-            out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
+                made = {k: v for k, v in plan.run(step_of[key], get).items() if k in keys}
+                if dtype is not None:
+                    made = {k: v.to(dtype) if v.is_floating_point() else v for k, v in made.items()}
+                out.update(made)
+                done(sum(t.numel() * t.element_size() for t in made.values()))
         return out
 
     return materialize
@@ -58,31 +64,7 @@ def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, produced, 
     sizes = _sizes(produced, plan, reader, dtype)
     write_safetensors(tmp, sizes, _materializer(plan, reader, dtype), parse_size(max_shard_size), progress)
     copy_side_files(src, tmp)
-
-
-def model_card(base_model: str, target: str, model_type: str) -> str:
-    return f"""---
-base_model: {base_model}
-library_name: transformers
-tags:
-- fivefold
----
-
-# {Path(base_model).name} for fivefold
-
-`{base_model}` converted with `fivefold convert` to the `{model_type}` layout ({target}).
-Tensors were renamed, not changed; `fivefold export` writes the stock layout back.
-
-```python
-import fivefold  # registers fivefold's model types
-from transformers import AutoModel
-
-model = AutoModel.from_pretrained("path/to/this/folder")
-```
-
-Without fivefold installed, pass `trust_remote_code=True` to the model's and the tokenizer's `from_pretrained`:
-the modeling code ships in this folder.
-"""
+    copy_sentence_transformers_files(src, tmp)
 
 
 def convert(
@@ -93,15 +75,27 @@ def convert(
     max_shard_size: int | str = "5GB",
     force: bool = False,
     progress: bool = True,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    token: str | bool | None = None,
+    push_to_hub: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
 ) -> Path:
-    """Converts a public checkpoint (folder or Hub id) into fivefold's layout at `dst`; returns `dst`.
+    """Converts a public checkpoint (folder or Hub id, read at `revision` inside `subfolder` with `token`) into
+    fivefold's layout at `dst`; returns `dst`. With `push_to_hub="org/name"`, then uploads `dst` whole to that
+    repo in one commit (`private`, `commit_message`, the same `token`).
 
-    Raises ConversionError, leaving `dst` untouched, if any tensor is unknown, missing or of the wrong shape.
+    Raises ConversionError, leaving `dst` untouched, if any tensor is unknown, missing or of the wrong shape, and
+    if the upload fails (nothing is pushed then; `dst` stays written).
     """
     if dtype is not None and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if push_to_hub is not None:
+        check_can_push(token)
     dst = check_destination(dst, force)
-    folder = resolve_source(src)
+    folder = resolve_source(src, HubRef(revision, subfolder, token))
+    hub_id = None if Path(src).is_dir() else str(src)
     check_apart(folder, dst)
     stock = read_config(folder)
     arch = architecture_of(stock, folder, want_stock=True)
@@ -121,7 +115,11 @@ def convert(
         _write_weights_and_side_files(tmp, folder, plan, reader, produced, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
-        (tmp / "README.md").write_text(model_card(str(src), target.__name__, arch.model_type), encoding="utf-8")
+        where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
+        card = model_card(arch, target, str(src), folder, **where)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+    if push_to_hub is not None:
+        push_folder(dst, push_to_hub, private=private, commit_message=commit_message, token=token)
     return dst
 
 
@@ -146,10 +144,14 @@ def export(
     max_shard_size: int | str = "5GB",
     force: bool = False,
     progress: bool = True,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    token: str | bool | None = None,
 ) -> Path:
-    """Writes a fivefold checkpoint back in the stock layout (the inverse key map: a lossless round trip)."""
+    """Writes a fivefold checkpoint (folder or Hub id) back in the stock layout (the inverse key map: a lossless
+    round trip)."""
     dst = check_destination(dst, force)
-    folder = resolve_source(src)
+    folder = resolve_source(src, HubRef(revision, subfolder, token))
     check_apart(folder, dst)
     ours = read_config(folder)
     arch = architecture_of(ours, folder, want_stock=False)

@@ -70,4 +70,5 @@ ARCHITECTURE = Architecture(
     tiny=TINY_GPT2,
     public={"openai-community/gpt2": GPT2_124M},
     sample_inputs=causal_text_sample,
+    lora_targets=("q_proj", "k_proj", "v_proj"),  # PEFT adapts stock's fused c_attn: all three
 )

@@ -12,32 +12,41 @@ from transformers import PretrainedConfig, PreTrainedModel
 from fivefold.architectures import architecture_for_model_type
 
 from .errors import ConversionError
+from .hub import HubRef
 from .reader import CheckpointReader, checked_getter
 from .source import build_config, read_config_if_any, resolve_source
 from .validation import check_aliases, check_plan, our_prefix
 
 
 def open_stock_checkpoint(
-    cls: type[PreTrainedModel], name_or_path: str | os.PathLike, user_config: PretrainedConfig | None = None
+    cls: type[PreTrainedModel],
+    name_or_path: str | os.PathLike,
+    user_config: PretrainedConfig | None = None,
+    *,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    token: str | bool | None = None,
 ) -> AbstractContextManager[tuple] | None:
     """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
-    state dict under our names), or None when `name_or_path` is not a stock checkpoint."""
-    stock = read_config_if_any(name_or_path)
+    state dict under our names), or None when `name_or_path` is not a stock checkpoint. A Hub repo is read at
+    `revision`, inside `subfolder`, with `token`, as transformers would."""
+    ref = HubRef(revision=revision, subfolder=subfolder or None, token=token)
+    stock = read_config_if_any(name_or_path, ref)
     if stock is None or not stock.get("model_type"):
         return None
     try:
         arch = architecture_for_model_type(stock["model_type"])
     except KeyError:
         return None
-    if stock["model_type"] != arch.stock_model_type:
-        return None  # already fivefold's layout
-    if arch.config_class.__name__ != cls.config_class.__name__:
+    if arch.config_class.__name__ != cls.config_class.__name__:  # a stock or a fivefold folder of another kind
         raise ConversionError(
             f"{name_or_path} is a {stock['model_type']} checkpoint; {cls.__name__} loads {cls.config_class.model_type}"
         )
+    if stock["model_type"] != arch.stock_model_type:
+        return None  # already fivefold's layout
     if not isinstance(user_config, PretrainedConfig):
         user_config = None  # a path or None: the config comes from the stock checkpoint
-    return _stock_state(arch, cls, resolve_source(name_or_path), stock, user_config)
+    return _stock_state(arch, cls, resolve_source(name_or_path, ref), stock, user_config)
 
 
 @contextmanager

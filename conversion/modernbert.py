@@ -83,4 +83,5 @@ ARCHITECTURE = Architecture(
     tiny=TINY_MODERNBERT,
     public={"answerdotai/ModernBERT-base": MODERNBERT_BASE},
     sample_inputs=text_sample_without_token_types,  # its rows are longer than the tiny window
+    lora_targets=("q_proj", "k_proj", "v_proj"),  # stock fuses them (Wqkv), which PEFT has no default for
 )

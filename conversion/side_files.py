@@ -31,16 +31,18 @@ def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PA
     roots = allowed_roots(src)
     for pattern in patterns:
         for path in sorted(src.glob(pattern)):
-            if path.suffix.lower() in _NOT_SIDE_FILES or (dst / path.name).exists():
+            name = path.relative_to(src).as_posix()  # a pattern may reach into a subfolder: kept as it is
+            if path.suffix.lower() in _NOT_SIDE_FILES or (dst / name).exists():
                 continue
             if not inside(path, roots):
-                raise ConversionError(f"{path.name} in {src} is a link to {path.resolve()}, outside the folder")
+                raise ConversionError(f"{name} in {src} is a link to {path.resolve()}, outside the folder")
             data = read_regular_file(path, MAX_SIDE_FILE_BYTES)  # refuses FIFOs, folders and devices, one line
             if path.suffix == ".json":
                 data = _without_auto_map(data, path)
-            (dst / path.name).write_bytes(data)
-            copied.append(path.name)
-            _keep_mode(path, dst / path.name)
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            (dst / name).write_bytes(data)
+            copied.append(name)
+            _keep_mode(path, dst / name)
     return copied
 
 
@@ -49,7 +51,7 @@ def _keep_mode(src: Path, dst: Path) -> None:
 
 
 def _without_auto_map(data: bytes, path: Path) -> bytes:
-    parsed = parse_json(data, path)
+    parsed = parse_json(data, path, max_depth=None)  # only its top level is read
     if not isinstance(parsed, dict) or "auto_map" not in parsed:
         return data
     warnings.warn(

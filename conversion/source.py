@@ -10,25 +10,28 @@ from transformers import PretrainedConfig, PreTrainedModel
 from fivefold.architectures import architecture_for_model_type
 
 from .errors import ConversionError
+from .hub import LATEST, HubRef, download, looks_local
 from .reader import read_json
 from .sanitize import kept_fields
 
 
-def resolve_source(src: str | os.PathLike) -> Path:
-    """A local folder, or a Hub repo id downloaded (config, weights, tokenizer files) when online."""
+def resolve_source(src: str | os.PathLike, ref: HubRef = LATEST) -> Path:
+    """A local folder, or a Hub repo id downloaded (config, weights, tokenizer and model card files) at
+    `ref.revision`. A path that cannot be a repo id and does not exist fails at once, with no network wait."""
     path = Path(src)
     if path.is_dir():
-        return path
+        folder = path / ref.subfolder if ref.subfolder else path
+        if not folder.is_dir():
+            raise ConversionError(f"{src} has no folder {ref.subfolder}")
+        return folder
     if path.exists():
         raise ConversionError(f"{src} is a file; pass the checkpoint folder")
+    if isinstance(src, os.PathLike) or looks_local(str(src)):
+        raise ConversionError(f"{src}: no such folder (and not a Hub repo id)")
     try:
-        from huggingface_hub import snapshot_download
-
-        side = ["*.json", "*.txt", "*.model"]
-        folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.safetensors"]))
-        if not any(folder.glob("*.safetensors")):  # legacy repos hold only .bin weights
-            folder = Path(snapshot_download(str(src), allow_patterns=[*side, "*.bin"]))
-        return folder
+        return download(str(src), ref)
+    except ConversionError:
+        raise
     except Exception as e:
         raise ConversionError(f"{src} is neither a local folder nor a reachable Hub repo: {e}") from None
 
@@ -84,14 +87,17 @@ def stock_config_dict(arch, ours: dict, stock_class: str) -> dict:
     return {**fields, "architectures": [stock_class], "model_type": arch.stock_model_type}
 
 
-def read_config_if_any(name_or_path: str | os.PathLike) -> dict | None:
+def read_config_if_any(name_or_path: str | os.PathLike, ref: HubRef = LATEST) -> dict | None:
     """The config of a local folder or Hub repo, or None where there is none to read (transformers will say)."""
     path = Path(name_or_path)
     if path.is_dir():
-        return read_config(path) if (path / "config.json").is_file() else None
+        path = path / ref.subfolder if ref.subfolder else path
+        # Anything named config.json is read here, so that a FIFO or a device is refused rather than hung on.
+        return read_config(path) if os.path.lexists(path / "config.json") else None
     try:
         from huggingface_hub import hf_hub_download
 
-        return read_json(Path(hf_hub_download(str(name_or_path), "config.json")))
+        kwargs = dict(subfolder=ref.subfolder, revision=ref.revision, token=ref.token)
+        return read_json(Path(hf_hub_download(str(name_or_path), "config.json", **kwargs)))
     except Exception:
         return None

@@ -5,12 +5,13 @@ The target model is known from an instance built on the meta device (no memory),
 content: a conversion asks about the target and every other class of its architecture several times over."""
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .errors import ConversionError
+from .errors import CheckpointWarning, ConversionError
 from .keymap import Plan
 from .limits import check_tensor_count
 from .reader import CheckpointReader
@@ -150,11 +151,35 @@ def check_tensors(
                 f"{becomes} (config: {config.model_type})"
             )
     missing = sorted(set(expected) - set(shapes) - set(tied))
+    fresh = optional_tensors(arch, target, config) if strict else set()
+    required = [k for k in missing if k not in fresh]
+    if strict and required:
+        names = stock_names_of(arch, target, config, required) if stock_names else required
+        listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ConversionError(f"{len(names)} tensor(s) missing from the checkpoint for {target.__name__}: {listed}")
     if strict and missing:
         names = stock_names_of(arch, target, config, missing) if stock_names else missing
         listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise ConversionError(f"{len(names)} tensor(s) missing from the checkpoint for {target.__name__}: {listed}")
+        warnings.warn(
+            f"{len(names)} tensor(s) of {target.__name__} are not in the checkpoint and not written: loading "
+            f"initialises them fresh, as stock transformers does: {listed}",
+            CheckpointWarning,
+            stacklevel=3,
+        )
     return tied
+
+
+def optional_tensors(arch, target, config) -> set[str]:
+    """The tensors a stock class initialises fresh (with a warning) when a checkpoint lacks them, and a conversion
+    therefore may lack: the heads' (everything outside the backbone) and the poolers'. A checkpoint without
+    backbone tensors is refused."""
+    expected, _ = expected_tensors(target, config)
+    if target is arch.base_model:
+        backbone = set(expected)
+    else:
+        prefix = f"{our_prefix(arch, target)}." if our_prefix(arch, target) else ""
+        backbone = {prefix + k for k in expected_tensors(arch.base_model, config)[0]}
+    return {k for k in expected if k not in backbone or ".pooler." in f".{k}"}
 
 
 def check_plan(

@@ -1,13 +1,15 @@
 """verify: the stock model and ours on the same inputs, max abs difference per output."""
 
 import os
-from pathlib import Path
 
 import torch
 import transformers
+from transformers.core_model_loading import revert_weight_conversion
 
+from .hub import HubRef
 from .sanitize import kept_fields
 from .source import architecture_of, model_class_of, read_config, resolve_source
+from .validation import our_prefix
 
 
 def _tensors(output, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -46,11 +48,22 @@ def compare(stock_model, our_model, inputs: dict) -> dict[str, float]:
     return diffs
 
 
-def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dict[str, float]:
-    """Loads SRC with stock transformers and DST with fivefold, runs the architecture's sample batch (text: ragged
-    and padded) through both and returns the max abs difference of every floating output (logits, hidden states,
-    pooler output...)."""
-    src_folder, dst_folder = resolve_source(src), Path(dst)
+def verify(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    seed: int = 0,
+    *,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    dst_revision: str | None = None,
+    dst_subfolder: str | None = None,
+    token: str | bool | None = None,
+) -> dict[str, float]:
+    """Loads SRC with stock transformers and DST with fivefold (each a folder or a Hub id, at its own revision and
+    subfolder), runs the architecture's sample batch (text: ragged and padded) through both and returns the max abs
+    difference of every floating output (logits, hidden states, pooler output...)."""
+    src_folder = resolve_source(src, HubRef(revision, subfolder, token))
+    dst_folder = resolve_source(dst, HubRef(dst_revision, dst_subfolder, token))
     stock_cfg, our_cfg = read_config(src_folder), read_config(dst_folder)
     arch = architecture_of(stock_cfg, src_folder, want_stock=True)
     architecture_of(our_cfg, dst_folder, want_stock=False)
@@ -59,5 +72,24 @@ def verify(src: str | os.PathLike, dst: str | os.PathLike, seed: int = 0) -> dic
     # SRC's own config.json may name kernels or quantisers to fetch: the stock model gets the sanitised fields.
     stock_config = stock_cls.config_class.from_dict(kept_fields(arch.config_class, stock_cfg))
     stock = stock_cls.from_pretrained(src_folder, config=stock_config, dtype=torch.float32).eval()
-    ours = ours_cls.from_pretrained(dst_folder, dtype=torch.float32).eval()
+    ours, info = ours_cls.from_pretrained(dst_folder, dtype=torch.float32, output_loading_info=True)
+    share_fresh_tensors(arch, stock, ours.eval(), set(info["missing_keys"]))
     return compare(stock, ours, arch.sample_inputs(stock.config, stock_cls.__name__, seed))
+
+
+def share_fresh_tensors(arch, stock, ours, missing: set[str]) -> None:
+    """Tensors the checkpoint lacks (a pooler, a head) are initialised fresh on both sides, from different random
+    draws: ours get stock's values, so that the comparison is of what the checkpoint holds."""
+    if missing:
+        ours.load_state_dict(stock_values_of(arch, stock, type(ours), ours.config, missing), strict=False)
+
+
+def stock_values_of(arch, stock, target: type, config, keys: set[str]) -> dict[str, torch.Tensor]:
+    """The stock model's tensors under our names (`keys` of a `target` model), through the key map."""
+    state = revert_weight_conversion(stock, stock.state_dict())  # the names a stock checkpoint holds
+    plan = arch.keys(config).plan(list(state), arch.stock_prefix, our_prefix(arch, target))
+    found = {}
+    for step in plan.steps:
+        if keys & set(step.targets):
+            found.update({k: v for k, v in plan.run(step, state.__getitem__).items() if k in keys})
+    return found

@@ -12,10 +12,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import transformers
-from common import MissingData, logged, parser, plot_curves, setup, training_args, write_results
 from datasets import Dataset
 
 import fivefold
+
+from common import MissingData, logged, parser, plot_curves, setup, training_args, write_results
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]

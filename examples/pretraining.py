@@ -11,10 +11,11 @@ import time
 
 import torch
 import transformers
-from common import logged, minilm_folder, package_file, parser, plot_curves, setup, training_args, write_results
 from datasets import Dataset
 
 import fivefold
+
+from common import logged, minilm_folder, package_file, parser, plot_curves, setup, training_args, write_results
 
 SECTIONS = ("abstract", "introduction", "conclusion")
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser(__doc__.splitlines()[0], "examples/runs/pretraining").parse_args(argv)
     out, started = setup(args), time.time()
     documents = papers()
-    steps, speed_steps = (2, 1) if args.smoke else (1500, 100) if args.full else (200, 30)
+    steps, speed_steps = (2, 1) if args.smoke else (1500, 100) if args.full else (100, 20)
     max_length = 32 if args.smoke else 128
     if args.smoke:
         documents = documents[:4]
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
             out,
             args,
             max_steps=steps,
-            per_device_train_batch_size=4 if args.smoke else 32,
+            per_device_train_batch_size=4 if args.smoke else 16,
             learning_rate=5e-4,
             warmup_steps=0.05,
             logging_steps=1 if args.smoke else 5,

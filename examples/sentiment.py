@@ -11,6 +11,10 @@ import time
 import evaluate
 import numpy as np
 import transformers
+from datasets import load_dataset
+
+import fivefold
+
 from common import (
     DATA,
     HERE,
@@ -23,9 +27,6 @@ from common import (
     training_args,
     write_results,
 )
-from datasets import load_dataset
-
-import fivefold
 
 SNIPPETS = DATA / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.txt"
 

@@ -12,11 +12,12 @@ import time
 
 import torch
 import transformers
-from common import logged, minilm_folder, package_file, parser, plot_curves, setup, training_args, write_results
 from datasets import load_dataset
 from rouge_score import rouge_scorer
 
 import fivefold
+
+from common import logged, minilm_folder, package_file, parser, plot_curves, setup, training_args, write_results
 
 SUMMARY_PARTS = ("challenge", "approach", "outcome")
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     torch.manual_seed(args.seed)
     model = fivefold.FivefoldT5ForConditionalGeneration(config)
-    epochs = 1 if args.smoke else 60 if args.full else 30
+    epochs = 1 if args.smoke else 60 if args.full else 10
     trainer = transformers.Trainer(
         model=model,
         args=training_args(

@@ -4,13 +4,13 @@ Importing fivefold registers every fivefold config and model with transformers' 
 `fivefold.FivefoldBertConfig`, `fivefold.FivefoldBertForMaskedLM`, ... (the architecture table lists them once).
 """
 
-from fivefold import conversion
+from fivefold import conversion, peft_defaults
 from fivefold.architectures import ARCHITECTURES, register
-from fivefold.conversion import CheckpointWarning, ConversionError, convert, export
+from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
+from fivefold.loss_logging import MixtureOfExpertsTrainer, PreTrainingTrainer
 from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
 from fivefold.next_sentence import next_sentence_pairs
-from fivefold.pretraining import PreTrainingTrainer
 from fivefold.span_corruption import DataCollatorForSpanCorruption
 
 __version__ = "0.1.0"
@@ -25,11 +25,13 @@ for _arch in ARCHITECTURES:
     for _cls in (_arch.config_class, _arch.pretrained_class, *_arch.models.values()):
         _classes[_cls.__name__] = _cls
 globals().update(_classes)
+peft_defaults.register()  # LoRA's default targets for fivefold's model types, once PEFT is imported
 
 __all__ = [
     "CheckpointWarning",
     "ConversionError",
     "MLM_PROBABILITY",
+    "MixtureOfExpertsTrainer",
     "DataCollatorForSpanCorruption",
     "PackedMaskedLMCollator",
     "PreTrainingTrainer",
@@ -38,5 +40,7 @@ __all__ = [
     "export",
     "masked_lm_collator",
     "next_sentence_pairs",
+    "push_folder",
+    "verify",
     *sorted(_classes),
 ]

@@ -1,34 +1,80 @@
-"""The `fivefold` command: convert, verify, export, demo."""
+"""The `fivefold` command: convert, verify, export, push, demo."""
 
 import argparse
 import logging
 import sys
 import warnings
 
+from fivefold.architectures import NAMES
 from fivefold.conversion.errors import CheckpointWarning, ConversionError
+
+_SOURCES = "a local checkpoint folder or a Hub repo id (org/name)"
+_TYPES = ", ".join(NAMES)
+
+
+def _version() -> str:
+    from fivefold import __version__
+
+    return f"fivefold {__version__}"
+
+
+def _hub_source(p: argparse.ArgumentParser, what: str, prefix: str = "") -> None:
+    p.add_argument(f"--{prefix}revision", help=f"branch, tag or commit of {what} when it is a Hub repo (default main)")
+    p.add_argument(f"--{prefix}subfolder", help=f"the folder inside {what} that holds the checkpoint")
+
+
+def _token(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", help="Hub token for private repos and pushing (default: HF_TOKEN or the stored login)")
+
+
+def _quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar, nothing printed on success")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fivefold", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version(), help="print fivefold's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="convert a public checkpoint (folder or Hub id) to fivefold's layout")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", help=f"the stock checkpoint: {_SOURCES}; model types: {_TYPES}")
+    p.add_argument("dst", help="the folder to write (must not exist unless --force)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="cast floating tensors")
     p.add_argument("--max-shard-size", default="5GB", help="shard the weights past this size (default 5GB)")
     p.add_argument("--force", action="store_true", help="replace an existing DST")
+    _hub_source(p, "SRC")
+    _token(p)
+    p.add_argument("--push-to-hub", metavar="ORG/NAME", help="then upload DST whole to this Hub repo in one commit")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
+    p.add_argument("--commit-message", help="with --push-to-hub: the commit's message")
+    _quiet(p)
 
     p = sub.add_parser("verify", help="run stock SRC and fivefold DST on the same inputs, print max abs diffs")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", help=f"the stock checkpoint: {_SOURCES}")
+    p.add_argument("dst", help=f"its fivefold conversion: {_SOURCES}")
     p.add_argument("--atol", type=float, default=1e-4, help="fail above this difference (default 1e-4)")
+    _hub_source(p, "SRC")
+    _hub_source(p, "DST", prefix="dst-")
+    _token(p)
 
     p = sub.add_parser("export", help="write a fivefold checkpoint back in the stock layout")
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument("src", help=f"the fivefold checkpoint: {_SOURCES}")
+    p.add_argument("out", help="the folder to write (must not exist unless --force)")
+    p.add_argument("--max-shard-size", default="5GB", help="shard the weights past this size (default 5GB)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT")
+    _hub_source(p, "SRC")
+    _token(p)
+    _quiet(p)
+
+    p = sub.add_parser("push", help="upload a converted folder to the Hub in one commit")
+    p.add_argument("folder", help="the folder to upload whole (e.g. the DST of `fivefold convert`)")
+    p.add_argument("repo_id", metavar="ORG/NAME", help="the Hub repo, created if missing")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--commit-message", help="the commit's message")
+    p.add_argument("--revision", help="the branch to push to, created if missing (default main)")
+    p.add_argument("--subfolder", help="the folder inside the repo to upload into (default its top)")
+    _token(p)
+    _quiet(p)
 
     sub.add_parser("demo", help="convert a tiny checkpoint of every architecture and print a parity table")
     return parser
@@ -60,21 +106,35 @@ def _run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    quiet = getattr(args, "quiet", False)
+    say = (lambda *a: None) if quiet else print
+    hub = dict(revision=getattr(args, "revision", None), subfolder=getattr(args, "subfolder", None))
+    token = getattr(args, "token", None)
     try:
         if args.command == "convert":
             from fivefold.conversion import convert
 
-            dst = convert(args.src, args.dst, dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force)
-            print(f"converted {args.src} -> {dst}")
+            options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force, progress=not quiet)
+            push = dict(push_to_hub=args.push_to_hub, private=args.private or None, commit_message=args.commit_message)
+            dst = convert(args.src, args.dst, **options, **hub, token=token, **push)
+            say(f"converted {args.src} -> {dst}" + (f" -> pushed to {args.push_to_hub}" if args.push_to_hub else ""))
         elif args.command == "export":
             from fivefold.conversion import export
 
-            out = export(args.src, args.out, max_shard_size=args.max_shard_size, force=args.force)
-            print(f"exported {args.src} -> {out}")
-        elif args.command == "verify":
-            from fivefold.conversion.verify import verify
+            options = dict(max_shard_size=args.max_shard_size, force=args.force, progress=not quiet)
+            out = export(args.src, args.out, **options, **hub, token=token)
+            say(f"exported {args.src} -> {out}")
+        elif args.command == "push":
+            from fivefold.conversion import push_folder
 
-            diffs = verify(args.src, args.dst)
+            options = dict(private=args.private or None, commit_message=args.commit_message, token=token)
+            url = push_folder(args.folder, args.repo_id, **options, **hub)
+            say(f"pushed {args.folder} -> {args.repo_id} ({url})")
+        elif args.command == "verify":
+            from fivefold.conversion import verify
+
+            dst_hub = dict(dst_revision=args.dst_revision, dst_subfolder=args.dst_subfolder)
+            diffs = verify(args.src, args.dst, **hub, **dst_hub, token=token)
             for name, diff in diffs.items():
                 print(f"{name:40} {diff:.3e}")
             worst = max(diffs.values())

@@ -18,6 +18,8 @@ Shape letters, the same in every file (a file's `Shapes:` line lists those it us
 - E experts
 - R experts per token (the router's top k)
 - A assignments (N * R: one per token and chosen expert)
+- G ranks of a process group
+- X experts one rank holds (E / G, expert parallelism)
 - Ch image channels
 - Hi image height
 - Wi image width

@@ -156,6 +156,10 @@ class EncoderDecoderBase(EncoderDecoderPreTrainedModel, TaskModel):
         **kwargs,
     ) -> tuple[BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions]:
         kwargs.pop("return_dict", None)
+        # Both stacks' inputs are checked before the encoder runs: a bad decoder input costs no encoder pass.
+        if encoder_outputs is None:
+            self.encoder.embeddings.check_inputs(input_ids, inputs_embeds)
+        self.decoder.embeddings.check_inputs(decoder_input_ids, decoder_inputs_embeds, "decoder_input_ids")
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs

@@ -99,7 +99,7 @@ class FivefoldMixtralForCausalLM(FivefoldMixtralPreTrainedModel, DecoderForCausa
         if not router_logits:  # recorded only with output_router_logits
             return None, {}
         mask = _rows_of_last_steps(attention_mask, router_logits[0].shape[0])
-        aux_loss = load_balancing_loss(router_logits, self.config.num_experts_per_tok, mask)
+        aux_loss = load_balancing_loss(router_logits, self.config.num_experts_per_tok, mask, self.data_parallel_group)
         loss = self.config.router_aux_loss_coef * aux_loss
         if self.config.router_z_loss_coef:
             loss = loss + self.config.router_z_loss_coef * router_z_loss(router_logits, mask)

@@ -111,9 +111,12 @@ def load_balancing_loss(
     router_logits: tuple[torch.Tensor, ...],  # per layer [N, E]
     top_k: int,
     attention_mask: torch.Tensor | None = None,  # [B, T], 1 = token; N = B*T
+    group=None,  # a torch.distributed group whose ranks' tokens count together (data parallelism)
 ) -> torch.Tensor:
     """Switch Transformer's auxiliary loss as Mixtral computes it: E * sum_e (share of assignments to e) *
-    (mean router probability of e), over all layers' tokens together, padding excluded."""
+    (mean router probability of e), over all layers' tokens together, padding excluded. With a `group`, the shares
+    and means are over every rank's tokens (summed with an autograd-aware all-reduce), as one process would
+    compute them on the joint batch."""
     device = router_logits[0].device
     num_experts = router_logits[0].shape[-1]
     probs = torch.cat([logits.to(device) for logits in router_logits]).float().softmax(dim=-1)  # [L*N, E]
@@ -122,10 +125,13 @@ def load_balancing_loss(
         mask = torch.ones(probs.shape[0], 1, device=device)
     else:
         mask = attention_mask.reshape(-1, 1).to(device, torch.float32).repeat(len(router_logits), 1)  # [L*N, 1]
-    tokens = mask.sum()
-    assigned = (chosen * mask).sum(dim=0) / tokens  # [E]
-    prob = (probs * mask).sum(dim=0) / tokens  # [E]
-    return num_experts * (assigned * prob).sum()
+    sums = torch.cat([mask.sum().view(1), (chosen * mask).sum(dim=0), (probs * mask).sum(dim=0)])  # [1 + 2E]
+    if group is not None:
+        from torch.distributed.nn.functional import all_reduce
+
+        sums = all_reduce(sums, group=group)
+    tokens, assigned, prob = sums[0], sums[1 : 1 + num_experts], sums[1 + num_experts :]
+    return num_experts * (assigned / tokens * prob / tokens).sum()
 
 
 def router_z_loss(

@@ -5,12 +5,16 @@ layout of fivefold's own names."""
 import os
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
 
 from .attention import Attention
 from .block import Block
+from .expert_parallel import distribute, expert_layers, gather_experts
+from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
@@ -30,6 +34,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
+    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together.
+    data_parallel_group: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
@@ -45,15 +51,42 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
         if cls.converter is not None and pretrained_model_name_or_path is not None:
-            user_config = kwargs.get("config")
-            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, user_config)
+            hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
+            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
             if stock is not None:
-                kwargs.pop("config", None)
+                for key in ("config", *hub):  # the converted state and a local config replace them
+                    kwargs.pop(key, None)
                 with stock as (config, state_dict):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def init_parallel_plans(self) -> None:
+        super().init_parallel_plans()
+        # One plan serves every variant of an architecture (T5 with and without gates; a head model holds its base
+        # under a prefix): keep the rules that name a module of this model.
+        names = {replace_layer_number_by_wildcard(name) for name, _ in self.named_modules()}
+        self._tp_plan = {rule: style for rule, style in self._tp_plan.items() if rule in names}
+        self._fsdp_plan = {rule: style for rule, style in self._fsdp_plan.items() if rule in names}
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        """transformers' hook between building on meta and loading: expert parallelism is fivefold's own (all-to-all
+        over per-expert modules, expert_parallel.py); the rest is stock's."""
+        if mesh_manager is not None and distributed_config.ep_size > 1 and expert_layers(model):
+            return distribute(model, distributed_config, mesh_manager)
+        if mesh_manager is not None and distributed_config.dp_size > 1:
+            # Tied before FSDP2 shards them (transformers ties only after loading): FSDP2 then knows both modules
+            # of a tied weight, else the output embedding keeps a stale copy after the first step.
+            model.tie_weights()
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
+
+    def gather_sharded_state_dict_for_save(self, model_to_save, state_dict, distributed_config, **kwargs):
+        state_dict = super().gather_sharded_state_dict_for_save(model_to_save, state_dict, distributed_config, **kwargs)
+        if distributed_config is not None and distributed_config.ep_size > 1:
+            return gather_experts(model_to_save, state_dict)
+        return state_dict
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Saves under fivefold's tensor names with a flat copy of the modeling code and an `auto_map`, so that
@@ -61,6 +94,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
+        # Under torch.distributed every rank calls this (sharded weights are gathered) and rank 0 writes: another
+        # rank writing code into a folder swapped in whole would replace rank 0's.
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+            kwargs["is_main_process"] = False
         if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):

@@ -51,8 +51,9 @@ class TaskModel(FivefoldPreTrainedModel):
         mask: torch.Tensor | None = None,  # [B, T]: the real tokens, for pools that need them
         pooled: torch.Tensor | None = None,  # [B, C]: the backbone's pooler output
     ) -> torch.Tensor:  # [B, (T,) O]
-        owner = getattr(self, self.head_specs[task].owner)
-        if isinstance(owner, Head):
+        spec = self.head_specs[task]
+        owner = getattr(self, spec.owner)
+        if spec.projection:  # by the spec, not the module's type: PEFT wraps the heads it trains (modules_to_save)
             return owner(hidden, mask, pooled)
         return owner(self.head(hidden, mask, pooled))
 

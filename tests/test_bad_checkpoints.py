@@ -509,12 +509,10 @@ def test_generation_config_linking_out_of_the_folder(stock_checkpoint, converted
 def test_side_file_that_is_not_a_regular_file(bert_src, tmp_path, kind):
     if kind == "fifo":
         os.mkfifo(bert_src / "vocab.txt")
+        _assert_fails(bert_src, tmp_path / "dst", "vocab.txt", "is a FIFO, not a regular file")
     else:
         (bert_src / "tokenizer_extra").mkdir()
-    name = "vocab.txt" if kind == "fifo" else "tokenizer_extra"
-    _assert_fails(
-        bert_src, tmp_path / "dst", name, f"is a {'FIFO' if kind == 'fifo' else 'folder'}, not a regular file"
-    )
+        _assert_fails(bert_src, tmp_path / "dst", "tokenizer_extra", "is a folder, not a regular file")
 
 
 # --- config.json and the other JSON files: bounded reads ------------------------------------------------------
@@ -529,6 +527,8 @@ def test_config_json_that_is_not_a_regular_file(bert_src, tmp_path, kind):
         (bert_src / "config.json").symlink_to("/dev/zero")  # reading it would never end
     needle = "is a FIFO, not a regular file" if kind == "fifo" else "is a character device, not a regular file"
     _assert_fails(bert_src, tmp_path / "dst", "config.json", needle)
+    with pytest.raises(ConversionError, match=needle):  # the stock folder, loaded directly
+        fivefold.FivefoldBertForMaskedLM.from_pretrained(bert_src)
 
 
 def _deep(depth: int) -> str:

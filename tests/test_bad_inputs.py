@@ -8,6 +8,7 @@ import inspect
 import pytest
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 
 from fivefold.architectures import ARCHITECTURES, architecture_for_config, stock_class_name
@@ -200,3 +201,105 @@ def test_all_padding_rows_give_finite_stock_like_outputs(arch, stock_checkpoint)
     for a, b in zip(_at_real_tokens(kept, real[:-1]), _at_real_tokens(without, real[:-1]), strict=True):
         assert (a - b).abs().max() <= 1e-5
     assert all(torch.isfinite(t).all() for t in all_pad.values() if torch.is_tensor(t))
+
+
+# --- inputs of the wrong kind: the argument named, before any block runs ------------------------------------
+
+
+def _wrong_kinds(ids: torch.Tensor, multiple_choice: bool) -> dict:
+    cases = {"float": ids.float(), "bool": ids.bool(), "python-list": ids.tolist(), "0-D": ids.reshape(-1)[0]}
+    cases["one-dim-too-many"] = ids[None]
+    if not multiple_choice:  # [B, N, T] -> [N, T] is still a batch of choices
+        cases["1-D"] = ids[0]
+    return cases
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES)
+def test_token_ids_of_the_wrong_kind(cls):
+    model, inputs = _model(cls), _inputs(cls)
+    _needs(inputs, "input_ids")
+    labels = inputs.pop("labels", None)  # checked against the ids' shape; a seq2seq model decodes them instead
+    if labels is not None and model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = labels.clamp(min=0)
+    for case, ids in _wrong_kinds(inputs["input_ids"], inputs["input_ids"].dim() == 3).items():
+        err = _refused_before_any_block(model, "input_ids must", **{**inputs, "input_ids": ids})
+        if case in ("float", "bool"):
+            assert "integer token ids" in str(err), case
+
+
+@pytest.mark.parametrize("cls", [p for p in MODEL_CLASSES if p.values[0].config_class.model_type == "fivefold_t5"])
+def test_decoder_input_ids_outside_vocabulary(cls):
+    model, inputs = _model(cls), _inputs(cls)
+    _needs(inputs, "decoder_input_ids")
+    ids = inputs["decoder_input_ids"].clone()
+    ids.view(-1)[1] = model.config.vocab_size
+    err = _refused_before_any_block(model, "decoder_input_ids hold token ids outside the vocabulary", **{
+        **inputs, "decoder_input_ids": ids
+    })  # fmt: skip
+    assert str(model.config.vocab_size) in str(err)
+
+
+@pytest.mark.parametrize("cls", [p for p in MODEL_CLASSES if p.values[0].config_class.model_type == "fivefold_gpt2"])
+def test_gpt2_token_type_ids_outside_vocabulary(cls):
+    """GPT-2 reads token types from its word table: the error names token_type_ids, not input_ids."""
+    model, inputs = _model(cls), _inputs(cls)
+    types = torch.full_like(inputs["input_ids"], model.config.vocab_size)
+    _refused_before_any_block(model, "token_type_ids hold token ids outside the vocabulary", **{
+        **inputs, "token_type_ids": types
+    })  # fmt: skip
+
+
+def _text_model_taking(cls, argument: str) -> tuple:
+    """The model and its sample inputs, for a text model whose forward takes `argument` (else skipped)."""
+    model, inputs = _model(cls), _inputs(cls)
+    _needs(inputs, "input_ids")
+    if argument not in inspect.signature(cls.forward).parameters:
+        pytest.skip(f"no {argument} argument")
+    return model, inputs
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES)
+def test_negative_position_ids(cls):
+    model, inputs = _text_model_taking(cls, "position_ids")
+    if not [m for m in model.modules() if isinstance(getattr(m, "position_embeddings", None), nn.Embedding)]:
+        pytest.skip("no learned position table")
+    positions = torch.arange(inputs["input_ids"].shape[-1]).expand_as(inputs["input_ids"]) - 1
+    _refused_before_any_block(model, "position_ids must be >= 0", **{**inputs, "position_ids": positions})
+
+
+def test_float_token_type_ids_and_labels():
+    bert = next(a for a in ARCHITECTURES if a.stock_model_type == "bert")
+    for cls in (bert.models["AutoModelForMaskedLM"], bert.models["AutoModelForTokenClassification"]):
+        model, inputs = _model(cls), _inputs(cls)
+        types = torch.zeros_like(inputs["input_ids"], dtype=torch.float32)
+        _refused_before_any_block(model, "token_type_ids must hold integer token ids", **{
+            **inputs, "token_type_ids": types
+        })  # fmt: skip
+        labels = torch.zeros_like(inputs["input_ids"], dtype=torch.float32)
+        _refused_before_any_block(model, "labels must hold integer class ids", **{**inputs, "labels": labels})
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES)
+def test_inputs_embeds_of_the_wrong_width(cls):
+    model, inputs = _text_model_taking(cls, "inputs_embeds")
+    width = model.get_input_embeddings().embedding_dim
+    embeds = torch.zeros(*inputs["input_ids"].shape, width + 1)
+    without_ids = {k: v for k, v in inputs.items() if k != "input_ids"}
+    _refused_before_any_block(model, f"inputs_embeds has width {width + 1}", **without_ids, inputs_embeds=embeds)
+
+
+@pytest.mark.parametrize("cls", IMAGE_CLASSES)
+def test_empty_image_batch(cls):
+    model, inputs = _model(cls), _inputs(cls)
+    empty = {k: v[:0] for k, v in inputs.items()}
+    _refused_before_any_block(model, "at least one image is needed", **empty)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
+@pytest.mark.parametrize("eps", [float("nan"), float("inf"), -1e-6], ids=["nan", "inf", "negative"])
+def test_norm_epsilon_refused_at_config_time(arch, eps):
+    """A norm epsilon that would make every output non-finite is refused when the config is built."""
+    fields = arch.config_class.__dataclass_fields__
+    name = next(n for n in ("layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rms_norm_eps") if n in fields)
+    with pytest.raises((ValueError, StrictDataclassError), match=f"{name} must be a finite number >= 0"):
+        arch.config_class(**{**arch.tiny, name: eps})

@@ -1,8 +1,11 @@
 """No network, no surprises: importing fivefold and converting, loading, exporting and verifying local checkpoints
 never open a connection; the code shipped in a checkpoint is fivefold's own modules and nothing else."""
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,8 +14,10 @@ import pytest
 import transformers
 
 import fivefold
+from fivefold import cli
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.remote_code import flat_module_name, flatten_source, shipped_modules
+from fivefold.conversion.verify import verify
 
 NETWORK_BLOCKED = textwrap.dedent(
     """
@@ -100,3 +105,68 @@ def test_shipped_code_is_fivefold_and_nothing_else(arch, stock_checkpoint, tmp_p
     saved = tmp_path / "saved"
     transformers.AutoModel.from_pretrained(dst).save_pretrained(saved)
     assert _code_in(saved) == expected
+
+
+# --- a checkpoint's config never chooses what runs ---------------------------------------------------------
+
+
+def _bert_src_with(stock_checkpoint, folder, **fields):
+    shutil.copytree(stock_checkpoint("bert", "BertForMaskedLM"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+@pytest.mark.parametrize("value", ["kernels-community/x", "a/b", "flash_attention_2", "bogus"])
+def test_checkpoint_config_never_selects_the_attention_kernel(stock_checkpoint, tmp_path, monkeypatch, value):
+    """A config.json's attn_implementation (a Hub kernel to download and import, or a name that would fail) is
+    ignored everywhere: convert, loading the stock folder, loading a fivefold folder; the caller's choice holds."""
+    asked = []
+    real_check = transformers.PreTrainedModel._check_and_adjust_attn_implementation
+
+    def record(self, attn_implementation, *args, **kwargs):
+        asked.append(attn_implementation)
+        return real_check(self, attn_implementation, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "_check_and_adjust_attn_implementation", record)
+    src = _bert_src_with(stock_checkpoint, tmp_path / "src", attn_implementation=value, experts_implementation=value)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["convert", str(src), str(tmp_path / "dst")]) == 0, stderr.getvalue()
+    written = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert "attn_implementation" not in written and "experts_implementation" not in written
+    assert fivefold.FivefoldBertForMaskedLM.from_pretrained(src).config._attn_implementation != value
+    assert max(verify(src, tmp_path / "dst").values()) <= 1e-4  # the stock model too, from the sanitised fields
+
+    ours = tmp_path / "dst"
+    (ours / "config.json").write_text(json.dumps({**written, "attn_implementation": value}))
+    assert transformers.AutoModelForMaskedLM.from_pretrained(ours).config._attn_implementation != value
+    chosen = transformers.AutoModelForMaskedLM.from_pretrained(ours, attn_implementation="eager")
+    assert chosen.config._attn_implementation == "eager"
+    assert value not in asked
+
+
+def test_config_fields_that_select_code_are_dropped(stock_checkpoint, tmp_path):
+    """DST's config keeps the fields of the config class and plain numbers; it drops whatever would choose code,
+    kernels, quantisation or classes on a later load, and unknown strings and objects."""
+    selectors = {
+        "quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True},
+        "tokenizer_class": "someone/else--tokenization.Tok",
+        "processor_class": "someone/else--processing.Proc",
+        "trust_remote_code": True,
+        "auto_map": {"AutoModel": "someone/else--modeling.M"},
+        "custom_pipelines": {"fill-mask": {"impl": "pipeline.P"}},
+        "experts_implementation": "kernels-community/x",
+    }
+    unknown = {"note": "https://example.com/payload", "blob": {"class": "x.Y"}, "legacy_count": 3}
+    src = _bert_src_with(stock_checkpoint, tmp_path / "src", **selectors, **unknown)
+    dst = fivefold.convert(src, tmp_path / "dst", progress=False)
+    exported = fivefold.export(dst, tmp_path / "exported", progress=False)
+    for folder in (dst, exported):
+        written = json.loads((folder / "config.json").read_text())
+        assert not set(selectors) & set(written) - {"auto_map"}, folder
+        assert "note" not in written and "blob" not in written and written["legacy_count"] == 3
+    assert set(json.loads((dst / "config.json").read_text())["auto_map"]) >= {"AutoConfig", "AutoModel"}  # ours
+    assert "auto_map" not in json.loads((exported / "config.json").read_text())
+    model = fivefold.FivefoldBertForMaskedLM.from_pretrained(src)  # the stock folder, loaded directly
+    assert getattr(model, "hf_quantizer", None) is None and not hasattr(model.config, "quantization_config")

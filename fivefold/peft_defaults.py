@@ -1,0 +1,57 @@
+"""PEFT's default LoRA targets for fivefold's model types, as PEFT has them for the stock types.
+
+PEFT keeps its defaults in a public table, `peft.utils.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`
+(model_type -> module names), which `get_peft_model` reads when a `LoraConfig` names no `target_modules`. Importing
+PEFT takes seconds, so `import fivefold` does not: it adds its rows to that table when PEFT is there, at once if
+PEFT is already imported, else right after PEFT defines the table.
+
+Beyond the defaults, `target_modules` reaches every linear layer by name: `q_proj`, `k_proj`, `v_proj`, `o_proj`,
+`up_proj`, `gate_proj`, `down_proj`, and Mixtral's `router`; one expert's layers by a regex such as
+`r".*experts\\.3\\.(gate_proj|up_proj|down_proj)"` (docs/fine-tune.md).
+"""
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+_TABLE_MODULE = "peft.utils.constants"
+_TABLE = "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"
+
+
+def lora_target_modules() -> dict[str, list[str]]:
+    from fivefold.architectures import ARCHITECTURES
+
+    return {arch.model_type: list(arch.lora_targets) for arch in ARCHITECTURES}
+
+
+def add_to(table: dict) -> None:
+    for model_type, targets in lora_target_modules().items():
+        table.setdefault(model_type, targets)
+
+
+class _AddAfterImport(importlib.abc.MetaPathFinder):
+    """Finds PEFT's constants module as the path finder does, and adds fivefold's rows once it has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _TABLE_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def run_then_add(module):
+            run(module)
+            add_to(getattr(module, _TABLE))
+
+        spec.loader.exec_module = run_then_add
+        return spec
+
+
+def register() -> None:
+    """Adds fivefold's rows to PEFT's table now (PEFT imported) or when PEFT is imported."""
+    module = sys.modules.get(_TABLE_MODULE)
+    if module is not None and hasattr(module, _TABLE):
+        add_to(getattr(module, _TABLE))
+    elif not any(isinstance(finder, _AddAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AddAfterImport())

@@ -1,0 +1,73 @@
+"""Expert parallelism through transformers' API on two ranks: DistributedConfig(ep_size=2, fsdp_size=2). Each rank
+loads half the experts, runs its own batch, and is compared with a one-process model: logits on its batch, expert
+and router gradients and the load-balancing loss over the union of the batches, synced generation, the save."""
+
+import torch
+import torch.distributed as dist
+from gloo_worker import args, finish, folder, max_diff, start
+from transformers.distributed import DistributedConfig
+
+import fivefold
+from fivefold.modeling.expert_parallel import RemoteExpert
+
+rank, world = start()
+result = {}
+try:
+    fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+        args["three_experts"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
+    )
+except ValueError as error:
+    result["error"] = str(error)
+
+
+def vm(field: str) -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+before = vm("VmRSS")
+ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+    args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
+)
+batches = [torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(s)) for s in range(world)]
+ids = batches[rank]
+result["rss_after_load"] = vm("VmRSS") - before
+with torch.no_grad():
+    logits = ep(input_ids=ids).logits
+result["rss_after_forward"] = vm("VmRSS") - before
+result["held_mib"] = sum(p.numel() * 4 for n, p in ep.named_parameters() if ".experts." in n) / 2**20
+result["rss_growth_mib"] = vm("VmHWM") - before  # loading and one forward: every weight this rank holds touched
+experts = ep.model.layers[0].mlp.experts
+result["held"] = [e for e, expert in enumerate(experts) if not isinstance(expert, RemoteExpert)]
+full = fivefold.FivefoldMixtralForCausalLM.from_pretrained(args["checkpoint"])
+with torch.no_grad():
+    result["logits"] = max_diff(logits, full(input_ids=ids).logits)
+
+ep.train(), full.train()
+out = ep(input_ids=ids, labels=ids, output_router_logits=True)
+out.loss.backward()
+union = torch.cat(batches)
+ref = full(input_ids=union, labels=union, output_router_logits=True)
+ref.loss.backward()
+result["aux_loss"] = max_diff(out.aux_loss, ref.aux_loss)
+grads = 0.0
+for e in result["held"]:
+    for p, q in zip(experts[e].parameters(), full.model.layers[0].mlp.experts[e].parameters(), strict=True):
+        grads = max(grads, max_diff(p.grad, q.grad))
+result["expert_grads"] = grads
+
+router = ep.model.layers[1].mlp.router.weight.grad
+result["router_grad"] = max_diff(router.full_tensor(), full.model.layers[1].mlp.router.weight.grad)
+ep.eval()
+
+new = [3, 6][rank]  # the ranks finish at different steps
+with torch.no_grad():
+    got = ep.generate(ids, max_new_tokens=new, do_sample=False, synced_gpus=True, eos_token_id=None, pad_token_id=0)
+    want = full.generate(ids, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+result["generate"] = got.tolist() == want.tolist() and got.shape[1] == ids.shape[1] + new
+
+ep.save_pretrained(folder / "saved")
+dist.barrier()
+finish(result)
