@@ -37,6 +37,8 @@ def test_quick_mode_prints_a_table(script, tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     assert re.search(r"^\| .+ \|\n\|(---\|)+\n\| .+ \|$", stdout, re.M), stdout
     assert out.read_text() == stdout
-    tables = json.loads(data.read_text())["tables"]  # what the docs' charts are drawn from
+    report = json.loads(data.read_text())
+    tables = report["tables"]
     assert tables and all(table["rows"] for table in tables)
+    assert all({"architecture", "benchmark", "stock", "fivefold"} <= result.keys() for result in report["results"])
     assert any(isinstance(value, float) for table in tables for row in table["rows"] for value in row.values())
