@@ -180,7 +180,7 @@ def main() -> None:
     details = (
         f"{name}; backend {args.backend}; batch 4 x 128 per rank; {args.new_tokens} new tokens; median of {args.runs}"
     )
-    write_report([machine_line(details), "", *table(header, rows)], args.out)
+    write_report([machine_line(details), "", *table(header, rows)], args.out, args.json)
 
 
 if __name__ == "__main__":
