@@ -88,16 +88,23 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
-        if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
-            return self._save_into(save_directory, *args, **kwargs)
+        writes = self._writes_on_this_rank(kwargs.get("is_main_process", True))
+        in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes
+        if self.converter is None or not writes or in_place:
+            return self._save_into(save_directory, writes, *args, **kwargs)
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
         with self.converter.updated_folder(save_directory) as folder:
-            self._save_into(folder, *args, **kwargs)
+            self._save_into(folder, writes, *args, **kwargs)
 
-    def _save_into(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+    def _writes_on_this_rank(self, is_main_process: bool) -> bool:
+        """Whether this process writes the files (under torch.distributed, rank 0 only), as transformers decides."""
+        decide = getattr(self, "should_save_on_this_rank", None)
+        return decide(is_main_process) if decide is not None else is_main_process
+
+    def _save_into(self, save_directory: str | os.PathLike, writes: bool, *args: Any, **kwargs: Any) -> None:
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
-        if self.converter is not None and self._auto_class is None and kwargs.get("is_main_process", True):
+        if self.converter is not None and self._auto_class is None and writes:
             os.makedirs(save_directory, exist_ok=True)
             # Written before the weights so that push_to_hub uploads the code too.
             self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
