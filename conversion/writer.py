@@ -14,11 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .errors import CheckpointWarning, ConversionError
-from .reader import SAFE_INDEX, SAFE_SINGLE
+from .reader import _SAFE_DTYPES, SAFE_INDEX, SAFE_SINGLE
 
 
 def parse_size(size: int | str) -> int:
@@ -56,7 +55,7 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[
 def write_safetensors(
     folder: Path,
     sizes: list[tuple[str, int]],
-    materialize: Callable[[list[str]], dict[str, torch.Tensor]],
+    materialize: Callable[..., dict[str, torch.Tensor]],  # (keys, done(bytes) per tensor) -> tensors
     max_shard_size: int,
     progress: bool = True,
 ) -> list[str]:
@@ -67,20 +66,55 @@ def write_safetensors(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    bar = tqdm(total=sum(s for _, s in sizes), unit="B", unit_scale=True, desc="writing", disable=not progress)
+    # Each byte counts twice: once read, checked and mapped (tensor by tensor), once written (shard by shard).
+    total = 2 * sum(s for _, s in sizes)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading, checking, writing", disable=not progress)
     weight_map = {}
     for file, keys in zip(names, shards, strict=True):
-        tensors = {k: t.contiguous() for k, t in materialize(keys).items()}
+        tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
         _unshare(tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        bar.update(nbytes)
         weight_map.update(dict.fromkeys(keys, file))
-        bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
         del tensors
     bar.close()
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
         (folder / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return names
+
+
+_SAFE_NAMES = {dtype: name for name, dtype in _SAFE_DTYPES.items()}
+
+
+def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """safetensors' `save_file`, streamed: writes `tensors` (contiguous, CPU) as one safetensors file, each straight
+    from its memory and dropped from the dict once written, so that writing a shard needs no second copy of it
+    (safetensors' own builds one: the bytes of every tensor at once)."""
+    # In safetensors' own order (widest dtype first, then by name), so that every tensor starts aligned to its
+    # element size and a memory-mapped load reads the same addresses, hence runs the same kernels, as before.
+    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    header, offset = {"__metadata__": metadata}, 0
+    for name in order:
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _SAFE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(filename, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for name in order:
+            t = tensors.pop(name)
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            del t
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> None:
