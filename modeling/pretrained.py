@@ -100,7 +100,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         # rank writing code into a folder swapped in whole would replace rank 0's.
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
             kwargs["is_main_process"] = False
-        if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+        in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes there
+        if self.converter is None or not kwargs.get("is_main_process", True) or in_place:
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
