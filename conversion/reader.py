@@ -113,13 +113,16 @@ class CheckpointReader:
             f"no weights in {self.folder}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {BIN_SINGLE} or {BIN_INDEX}"
         )
 
+    @staticmethod
+    def _open(file: Path):
+        try:
+            return safe_open(str(file), framework="pt")
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ConversionError(f"{file.name} is not a readable safetensors file: {e}") from None
+
     def _keys_in(self, file: Path) -> list[str]:
         if file.suffix == ".safetensors":
-            try:
-                handle = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError, ValueError) as e:
-                raise ConversionError(f"{file.name} is not a readable safetensors file: {e}") from None
-            self._handles[file] = handle
+            handle = self._handles[file] = self._open(file)  # kept for names, shapes and dtypes: the header only
             return list(handle.keys())
         try:
             state = _load_weights_only(file)
@@ -156,7 +159,9 @@ class CheckpointReader:
         if file in self._bin:
             return self._bin[file][stored]
         try:
-            return self._handles[file].get_tensor(stored)
+            # A handle of its own, closed on return: the memory map, and every page this read made resident, go
+            # with it, so that reading a checkpoint tensor by tensor holds only the tensors handed out.
+            return self._open(file).get_tensor(stored)
         except (SafetensorError, OSError, ValueError) as e:
             raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
 

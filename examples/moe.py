@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         folder, tokenizer = smollm2_mixtral(out)
         tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-        train_count = 3000 if args.full else 160
+        train_count = 3000 if args.full else 96
         texts = snippet_texts(train_count + 32, args.seed)
         encode = tokenizer(texts, truncation=True, max_length=32)
         rows = [

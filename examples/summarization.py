@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     torch.manual_seed(args.seed)
     model = fivefold.FivefoldT5ForConditionalGeneration(config)
-    epochs = 1 if args.smoke else 60 if args.full else 20
+    epochs = 1 if args.smoke else 60 if args.full else 10
     trainer = transformers.Trainer(
         model=model,
         args=training_args(

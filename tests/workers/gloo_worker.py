@@ -25,6 +25,24 @@ def finish(result: dict) -> None:
     dist.destroy_process_group()
 
 
+def tiny_checkpoints():
+    """(architecture name, its task class, a folder holding its tiny checkpoint) for every architecture; rank 0
+    writes the checkpoints, seeded, and every rank reads them."""
+    from task_classes import TASK_CLASSES
+
+    from fivefold.architectures import ARCHITECTURES
+
+    for arch in ARCHITECTURES:
+        name = arch.stock_model_type
+        cls = arch.class_named(TASK_CLASSES[name])
+        path = folder / name
+        if dist.get_rank() == 0:
+            torch.manual_seed(0)
+            cls(arch.config_class(**arch.tiny)).save_pretrained(path)
+        dist.barrier()
+        yield name, cls, path
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().float() - b.detach().float()).abs().max().item() if a.numel() else 0.0
 

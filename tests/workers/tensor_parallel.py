@@ -1,24 +1,14 @@
 """DistributedConfig(tp_size=2) for every architecture: logits on the same batch equal one process's."""
 
 import torch
-import torch.distributed as dist
 import transformers
-from gloo_worker import args, finish, folder, max_diff, start
+from gloo_worker import finish, max_diff, start, tiny_checkpoints
 from transformers.distributed import DistributedConfig
-
-from fivefold.architectures import ARCHITECTURES
 
 rank, world = start()
 transformers.utils.logging.set_verbosity_error()
 result = {}
-for arch in ARCHITECTURES:
-    name = arch.stock_model_type
-    cls = arch.class_named(args["classes"][name])
-    path = folder / name
-    if rank == 0:
-        torch.manual_seed(0)
-        cls(arch.config_class(**arch.tiny)).save_pretrained(path)
-    dist.barrier()
+for name, cls, path in tiny_checkpoints():
     single = cls.from_pretrained(path).eval()
     sharded = cls.from_pretrained(path, distributed_config=DistributedConfig(tp_size=world)).eval()
     gen = torch.Generator().manual_seed(0)
