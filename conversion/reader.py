@@ -33,11 +33,13 @@ def read_json(path: Path) -> dict:
 
 def allowed_roots(folder: Path) -> list[Path]:
     """Where the files of a checkpoint folder may really live: the folder itself and, for a Hub cache snapshot
-    (`.../snapshots/<revision>`, whose files are symlinks into the repo's `blobs/`), that blob store."""
+    (`.../snapshots/<revision>`, or a subfolder of one, whose files are symlinks into the repo's `blobs/`), that
+    blob store."""
     root = folder.resolve()
     roots = [root]
-    if folder.parent.name == "snapshots":
-        roots.append((folder.parent.parent / "blobs").resolve())
+    snapshot = next((p for p in (folder, *folder.parents) if p.parent.name == "snapshots"), None)
+    if snapshot is not None:
+        roots.append((snapshot.parent.parent / "blobs").resolve())
     return roots
 
 
