@@ -8,7 +8,8 @@ generation (`synced_gpus=True`), timed alternately in runs; tokens/s counts ever
 peak RSS after loading and the first forward, and the bytes this rank hands to torch.distributed's collectives in
 one prefill (the Python-level calls: all-to-all, all-reduce, all-gather, reduce-scatter, broadcast, counted by
 wrapping them; FSDP2's parameter gathers included). On a 2-core machine speed cannot grow with processes: the
-figures say what the exchange costs. `--backend nccl` runs the same on GPUs (one per rank).
+figures say what the exchange costs. `--backend nccl` runs the same on GPUs (one per rank; a contender needing more
+GPUs than the machine has gets a row saying so).
 """
 
 import argparse
@@ -171,7 +172,11 @@ def main() -> None:
     rows = []
     with checkpoints(transformers.MixtralForCausalLM, fields) as found:
         folder = found.stock_dir.parent
+        gpus = torch.cuda.device_count() if args.backend == "nccl" else None
         for contender, (processes, kind, distributed) in CONTENDERS.items():
+            if gpus is not None and processes > gpus:  # nccl takes one GPU per rank
+                rows.append([contender, f"needs {processes} GPUs, found {gpus}", "", "", ""])
+                continue
             ranks = launch(kind, processes, distributed, folder, args)
             for r in ranks:
                 r["new_tokens"] = args.new_tokens
