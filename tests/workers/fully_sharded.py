@@ -36,7 +36,8 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 result = {}
-for name, cls, path in tiny_checkpoints():
+for arch, cls, path in tiny_checkpoints():
+    name = arch.stock_model_type
     single = without_dropout(cls.from_pretrained(path))
     sharded = without_dropout(cls.from_pretrained(path, distributed_config=DistributedConfig(fsdp_size=world)))
     initial = {k: v.detach().clone() for k, v in single.state_dict().items()}

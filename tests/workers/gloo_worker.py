@@ -25,22 +25,23 @@ def finish(result: dict) -> None:
     dist.destroy_process_group()
 
 
-def tiny_checkpoints():
-    """(architecture name, its task class, a folder holding its tiny checkpoint) for every architecture; rank 0
-    writes the checkpoints, seeded, and every rank reads them."""
+def tiny_checkpoints(every_head: bool = False):
+    """(architecture, class, a folder holding its tiny checkpoint) for every architecture's task class (or, with
+    `every_head`, for every class it has); rank 0 writes the checkpoints, seeded, and every rank reads them."""
     from task_classes import TASK_CLASSES
 
     from fivefold.architectures import ARCHITECTURES
 
     for arch in ARCHITECTURES:
         name = arch.stock_model_type
-        cls = arch.class_named(TASK_CLASSES[name])
-        path = folder / name
-        if dist.get_rank() == 0:
-            torch.manual_seed(0)
-            cls(arch.config_class(**arch.tiny)).save_pretrained(path)
-        dist.barrier()
-        yield name, cls, path
+        classes = arch.models.values() if every_head else [arch.class_named(TASK_CLASSES[name])]
+        for cls in classes:
+            path = folder / cls.__name__
+            if dist.get_rank() == 0:
+                torch.manual_seed(0)
+                cls(arch.config_class(**arch.tiny)).save_pretrained(path)
+            dist.barrier()
+            yield arch, cls, path
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
