@@ -9,7 +9,8 @@ so that the backward exchange happens on every rank), and sends the outputs back
 as on one device. Both exchanges are autograd-aware: the backward pass sends the gradients the other way.
 
 `from_pretrained(..., distributed_config=DistributedConfig(ep_size=N, fsdp_size=N))` reaches `distribute` below;
-the layers outside the experts are then sharded with FSDP2 (`fully_shard`) over the same ranks.
+the layers outside the experts are then sharded with FSDP2 (`fully_shard`) over the same ranks. With
+`DistributedConfig(ep_size=N, tp_size=N)` the ranks share one batch and tensor parallelism splits the rest.
 
 Shapes: N tokens, C channels, E experts, R experts per token, A assignments, G ranks of a process group,
 X experts one rank holds (E / G, expert parallelism).
