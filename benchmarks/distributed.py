@@ -65,9 +65,12 @@ def count_collectives() -> dict[str, int]:
     return sent
 
 
-def worker(kind: str, folder: Path, distributed: bool, backend: str, runs: int, new_tokens: int) -> None:
-    """One rank of one contender: writes its figures to folder/<kind>-<rank>.json."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", 1))))
+def worker(
+    kind: str, folder: Path, distributed: bool, backend: str, runs: int, new_tokens: int, threads: int | None
+) -> None:
+    """One rank of one contender: writes its figures to folder/<kind>-<rank>.json. Without --threads the ranks
+    share the machine's cores."""
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", 1))))
     transformers.utils.logging.set_verbosity_error()
     kwargs = {}
     if distributed:
@@ -129,6 +132,7 @@ def launch(kind: str, processes: int, distributed: bool, folder: Path, args) -> 
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     command += [f"--master_port={free_port()}", __file__, "--worker", kind, str(folder), str(distributed)]
     command += ["--backend", args.backend, "--runs", str(args.runs), "--new-tokens", str(args.new_tokens)]
+    command += ["--threads", str(args.threads)] if args.threads else []
     subprocess.run(command, check=True)
     return [json.loads((folder / f"{kind}-{distributed}-{r}.json").read_text()) for r in range(processes)]
 
@@ -158,7 +162,7 @@ def main() -> None:
         args.new_tokens = 2 if args.quick else 16
     if args.worker:
         kind, folder, distributed = args.worker
-        worker(kind, Path(folder), distributed == "True", args.backend, args.runs, args.new_tokens)
+        worker(kind, Path(folder), distributed == "True", args.backend, args.runs, args.new_tokens, args.threads)
         return
     fields, name = size("mixtral", "mistralai/Mixtral-8x7B-v0.1", args.quick)
     if not args.quick:
@@ -176,7 +180,7 @@ def main() -> None:
     details = (
         f"{name}; backend {args.backend}; batch 4 x 128 per rank; {args.new_tokens} new tokens; median of {args.runs}"
     )
-    write_report([machine_line(details), "", *table(header, rows)], args.out)
+    write_report([machine_line(details), "", *table(header, rows)], args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
-    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together.
+    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together, and the ranks
+    # that split the experts.
     data_parallel_group: Any = None
+    expert_group: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
@@ -98,7 +100,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         # rank writing code into a folder swapped in whole would replace rank 0's.
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
             kwargs["is_main_process"] = False
-        if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+        in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes there
+        if self.converter is None or not kwargs.get("is_main_process", True) or in_place:
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
