@@ -23,6 +23,7 @@ import transformers
 from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
 
 # model type -> the stock class timed and the public checkpoint whose size it has
+ARCHITECTURE = {"bert": "BERT", "roberta": "RoBERTa", "modernbert": "ModernBERT"}  # as the docs' charts name them
 PUBLIC = {
     "bert": (transformers.BertModel, "google-bert/bert-base-uncased"),
     "roberta": (transformers.RobertaModel, "FacebookAI/roberta-base"),
@@ -103,11 +104,11 @@ def onnxruntime_model(found, inputs: dict, folder: str) -> tuple[object, str]:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], ort: bool) -> tuple[list, list]:
-    """(table rows, notes)."""
+def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], ort: bool) -> tuple[list, list, list]:
+    """(table rows, notes, results for benchmarks/charts.py)."""
     stock_class, hub_id = PUBLIC[arch]
     fields, name = size(arch, hub_id, quick)
-    rows, notes = [], []
+    rows, notes, results = [], [], []
     with checkpoints(stock_class, fields) as found, tempfile.TemporaryDirectory() as folder:
         config = found.load_stock().config
         shapes = SHAPES["quick" if quick else "public"]
@@ -118,6 +119,12 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             runtime, fused = onnxruntime_model(found, next(iter(all_batches.values())), folder)
             notes.append(f"{name}: onnxruntime {'fused ' + fused if runtime else 'skipped: ' + fused}")
         reference = found.load_stock()
+        loaded = {}  # dtype -> contender -> model, loaded once for both batches
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            loaded[dtype_name] = {"stock": found.load_stock(dtype=dtype), "fivefold": found.load_fivefold(dtype=dtype)}
+            if padded:
+                loaded[dtype_name]["fivefold padded"] = found.load_fivefold(dtype=dtype, unpad_inputs=False)
         for batch, inputs in all_batches.items():
             tokens = int(inputs["attention_mask"].sum())
             real = inputs["attention_mask"].bool()
@@ -126,11 +133,7 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             fivefold_fp32 = None
             for dtype_name in dtypes:
                 dtype = DTYPES[dtype_name]
-                stock = found.load_stock(dtype=dtype)
-                models = {"stock": stock, "fivefold": found.load_fivefold(dtype=dtype)}
-                if padded:
-                    models["fivefold padded"] = found.load_fivefold(dtype=dtype, unpad_inputs=False)
-                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in models.items()}
+                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in loaded[dtype_name].items()}
                 if runtime is not None and dtype == torch.float32:
                     calls["onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
                 with torch.inference_mode():
@@ -140,6 +143,9 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                 if dtype == torch.float32:
                     fivefold_fp32 = speed["fivefold"]
                     ort_fp32 = speed.get("onnxruntime")
+                result = {"architecture": ARCHITECTURE[arch], "benchmark": f"{name}, {batch}, {dtype_name}"}
+                result.update(unit="tokens/s", higher_is_better=True, stock=speed["stock"], fivefold=speed["fivefold"])
+                results.append({**result, **({"onnxruntime": speed["onnxruntime"]} if "onnxruntime" in speed else {})})
                 for k in calls:
                     if k == "stock":
                         continue
@@ -147,8 +153,7 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                     vs_fp32 = f"{speed[k] / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
                     cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
                     rows.append([*cells, f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{diffs[k]:.1e}"])
-                del models, stock
-    return rows, notes
+    return rows, notes, results
 
 
 def main() -> None:
@@ -160,12 +165,12 @@ def main() -> None:
     args = parse(parser)
     header = ["model", "batch", "dtype", "contender", "real tokens", "stock tok/s", "tok/s", "vs stock"]
     header += ["vs ORT fp32", "vs fivefold fp32", "max abs diff vs stock fp32"]
-    rows, notes = [], []
+    rows, notes, results = [], [], []
     for arch in args.archs:
-        arch_rows, arch_notes = bench(arch, args.runs, args.quick, args.padded, args.dtypes, args.ort)
-        rows, notes = rows + arch_rows, notes + arch_notes
+        arch_rows, arch_notes, arch_results = bench(arch, args.runs, args.quick, args.padded, args.dtypes, args.ort)
+        rows, notes, results = rows + arch_rows, notes + arch_notes, results + arch_results
     lines = [machine_line(f"sdpa, median of {args.runs}"), "", *table(header, rows), "", *notes]
-    write_report(lines, args.out, args.json)
+    write_report(lines, args.out, args.json, results)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """GPT-2 greedy generation speed, fivefold vs stock transformers, on identical weights.
 
-GPT-2 124M (random init, fixed seed), batch 1, a 32-token prompt, 64 new tokens, fp32. Stock and fivefold are timed
-alternately in one process. Reports tokens/s of the whole `generate` call and the ratio, the time of one decoding
-step (from generating 64 tokens minus generating 1, so the prompt's prefill cancels), and the floor of a step: the
-bytes of weights a step reads divided by the memory bandwidth measured here (a sum over a large tensor).
+GPT-2 124M (random init, fixed seed), batch 1, a 32-token prompt, 64 new tokens, in fp32 and in bf16. Stock and
+fivefold are timed alternately in one process. Reports tokens/s of the whole `generate` call and the ratio to stock
+in the same dtype, the time of one decoding step (from generating 64 tokens minus generating 1, so the prompt's
+prefill cancels), and the floor of a step: the bytes of weights a step reads (in the model's dtype: bf16 is half)
+divided by the memory bandwidth measured here (a sum over a large tensor).
 A third row runs fivefold with oneDNN turned off (`torch.backends.mkldnn.flags(enabled=False)`), so that its linears
-take aten's matmul as stock's do: it separates the kernel's gain from the rest. The generated tokens must be
-identical.
+take aten's matmul as stock's do: it separates the kernel's gain from the rest. The generated fp32 tokens must be
+identical; the bf16 ones are compared with stock bf16's and reported.
 
     python benchmarks/gpt2.py                 # markdown table to stdout
     python benchmarks/gpt2.py --runs 7 --threads 2 --out results.md
@@ -29,11 +30,12 @@ def read_bandwidth(gib: float, repeats: int = 5) -> float:
 
 def weight_bytes_per_step(model: torch.nn.Module, config) -> int:
     """Every weight is read once per step, except the position table, of which one row is read. The word table is
-    read whole, by the tied LM head."""
+    read whole, by the tied LM head. In the model's own dtype: bf16 weights are half the bytes."""
     unique = {p.data_ptr(): p for p in model.parameters()}.values()
     total = sum(p.numel() * p.element_size() for p in unique)
-    positions = config.n_positions * config.n_embd * 4
-    return total - positions + config.n_embd * 4
+    width = next(iter(unique)).element_size()
+    positions = config.n_positions * config.n_embd * width
+    return total - positions + config.n_embd * width
 
 
 def generate(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -58,17 +60,22 @@ def main() -> None:
 
     with checkpoints(transformers.GPT2LMHeadModel, fields) as found:
         stock, ours = found.load_stock(), found.load_fivefold()
+        stock_bf16, ours_bf16 = found.load_stock(dtype=torch.bfloat16), found.load_fivefold(dtype=torch.bfloat16)
         config = stock.config
-        for model in (stock, ours):
+        for model in (stock, ours, stock_bf16, ours_bf16):
             model.generation_config.pad_token_id = config.eos_token_id
         prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
         contenders = {
             "stock": (stock, generate),
             "fivefold": (ours, generate),
             "fivefold, oneDNN off": (ours, generate_without_onednn),
+            "stock bf16": (stock_bf16, generate),
+            "fivefold bf16": (ours_bf16, generate),
         }
         outputs = {label: run(model, prompt, new) for label, (model, run) in contenders.items()}  # also the warm-up
-        identical = all(torch.equal(outputs["stock"], out) for out in outputs.values())
+        identical = all(torch.equal(outputs["stock"], out) for k, out in outputs.items() if "bf16" not in k)
+        # bf16 rounds differently from fp32 (and oneDNN's bf16 sums from aten's): reported, not required
+        identical_bf16 = torch.equal(outputs["stock bf16"], outputs["fivefold bf16"])
         # In turn, each contender generates all the new tokens, then one: the difference is the decoding steps.
         times = alternate(
             {
@@ -80,27 +87,33 @@ def main() -> None:
         )
 
     bandwidth = read_bandwidth(0.125 if args.quick else 1.0)
-    weight_bytes = weight_bytes_per_step(stock, config)
-    floor_ms = weight_bytes / bandwidth * 1e3
-    stock_tps = new / times["stock", new].median
+    weight_bytes = {k: weight_bytes_per_step(model, config) for k, (model, _) in contenders.items()}
+    floor_ms = {k: b / bandwidth * 1e3 for k, b in weight_bytes.items()}
     rows = []
     for label in contenders:
+        baseline = "stock bf16" if "bf16" in label else "stock"
         tps = new / times[label, new].median
         steps = [(a - b) / (new - 1) for a, b in zip(times[label, new].seconds, times[label, 1].seconds, strict=True)]
         step_ms = statistics.median(steps) * 1e3
-        ratio = tps / stock_tps
-        rows.append(
-            [f"{label} ({model_name})", f"{tps:.1f}", f"{ratio:.2f}x", f"{step_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
-        )
-    header = ["model", "generate tok/s", "ratio vs stock", "ms per decoding step", "step / floor"]
+        ratio = tps / (new / times[baseline, new].median)
+        cells = [f"{label} ({model_name})", f"{tps:.1f}", f"{ratio:.2f}x", f"{step_ms:.1f}", f"{floor_ms[label]:.1f}"]
+        rows.append([*cells, f"{step_ms / floor_ms[label]:.2f}x"])
+    header = ["model", "generate tok/s", "ratio vs stock (same dtype)", "ms per decoding step", "floor ms"]
+    header.append("step / floor")
     lines = [
-        machine_line(f"fp32, sdpa, batch 1, prompt {args.prompt}, {new} new tokens, greedy, median of {args.runs}"),
-        f"weights read per decoding step: {weight_bytes / 1e6:.0f} MB; measured read bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s; floor {floor_ms:.1f} ms/step; tokens identical to stock: {identical}",
+        machine_line(f"sdpa, batch 1, prompt {args.prompt}, {new} new tokens, greedy, median of {args.runs}"),
+        f"weights read per decoding step: {weight_bytes['stock'] / 1e6:.0f} MB fp32, "
+        f"{weight_bytes['stock bf16'] / 1e6:.0f} MB bf16; measured read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+        f"fp32 tokens identical to stock: {identical}; bf16 tokens identical to stock bf16: {identical_bf16}",
         "",
         *table(header, rows),
     ]
-    write_report(lines, args.out, args.json)
+    results = []  # for benchmarks/charts.py
+    for dtype, stock_label, ours_label in (("fp32", "stock", "fivefold"), ("bf16", "stock bf16", "fivefold bf16")):
+        result = {"architecture": "GPT-2", "benchmark": f"{model_name}, greedy {new} tokens, batch 1, {dtype}"}
+        result.update(unit="tokens/s", higher_is_better=True, stock=new / times[stock_label, new].median)
+        results.append({**result, "fivefold": new / times[ours_label, new].median})
+    write_report(lines, args.out, args.json, results)
     if not identical:
         raise SystemExit("generated tokens differ from stock")
 

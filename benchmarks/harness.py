@@ -154,9 +154,10 @@ def cell_value(cell: str) -> object:
     return cell
 
 
-def report_json(lines: list[str]) -> dict:
-    """The report as data: its machine line, every markdown table as rows keyed by the header, and the other lines
-    (notes), in order."""
+def report_json(lines: list[str], results: list[dict] | None = None) -> dict:
+    """The report as data: its machine line, the `results` a script gives in the format benchmarks/charts.py
+    reads (stock, fivefold and, where measured, onnxruntime per benchmark), every markdown table as rows keyed by
+    the header, and the other lines (notes), in order."""
     tables, notes, i = [], [], 1
     while i < len(lines):
         if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
@@ -172,14 +173,15 @@ def report_json(lines: list[str]) -> dict:
         if lines[i].strip():
             notes.append(lines[i])
         i += 1
-    return {"machine": lines[0] if lines else "", "tables": tables, "notes": notes}
+    machine = lines[0] if lines else ""
+    return {"source": "benchmarks/", "machine": machine, "results": results or [], "tables": tables, "notes": notes}
 
 
-def write_report(lines: list[str], out: str | None, json_out: str | None = None) -> None:
-    """Prints the report and, with --out, writes it there too; with --json, its tables as JSON."""
+def write_report(lines: list[str], out: str | None, json_out: str | None = None, results: list | None = None) -> None:
+    """Prints the report and, with --out, writes it there too; with --json, the report as data (report_json)."""
     report = "\n".join(lines)
     print(report)
     if out:
         Path(out).write_text(report + "\n")
     if json_out:
-        Path(json_out).write_text(json.dumps(report_json(lines), indent=1) + "\n")
+        Path(json_out).write_text(json.dumps(report_json(lines, results), indent=1) + "\n")

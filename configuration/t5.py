@@ -14,6 +14,8 @@ from .validation import check_positive
 @strict(accept_kwargs=True)
 class FivefoldT5Config(FivefoldConfigMixin, T5Config):
     model_type = "fivefold_t5"
+    # FSDP2 (`DistributedConfig(fsdp_size=N)`) shards each block on its own, as stock's default plan does `layers.*`.
+    base_model_fsdp_plan = {"encoder.layers.*": "free_full_weight", "decoder.layers.*": "free_full_weight"}
     base_model_tp_plan = tensor_parallel_plan("encoder", "decoder", cross_attention=True, relative_bias=True)
 
     def validate_architecture(self) -> None:

@@ -5,8 +5,8 @@ from .errors import CheckpointWarning, ConversionError
 from .hub import push_folder
 from .loading import open_stock_checkpoint
 from .remote_code import write_remote_code
+from .saving import updated_folder
 from .verify import verify
-from .writer import updated_folder
 
 __all__ = [
     "CheckpointWarning",

@@ -36,13 +36,16 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
     step_of = {t: step for step in plan.steps for t in step.targets}
     get = checked_getter(reader)
 
-    def materialize(keys: list[str]) -> dict[str, torch.Tensor]:
+    def materialize(keys: list[str], done: Callable[[int], object] = lambda nbytes: None) -> dict[str, torch.Tensor]:
+        """Reads, checks and maps the tensors of `keys`, calling `done(bytes)` after each one (the progress bar)."""
         out: dict[str, torch.Tensor] = {}
         for key in keys:
             if key not in out:
-                out.update({k: v for k, v in plan.run(step_of[key], get).items() if k in keys})
-        if dtype is not None:
-            out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
+                made = {k: v for k, v in plan.run(step_of[key], get).items() if k in keys}
+                if dtype is not None:
+                    made = {k: v.to(dtype) if v.is_floating_point() else v for k, v in made.items()}
+                out.update(made)
+                done(sum(t.numel() * t.element_size() for t in made.values()))
         return out
 
     return materialize

@@ -65,16 +65,17 @@ def _depth(value: object) -> int:
     return deepest
 
 
-def parse_json(raw: bytes, path: Path) -> object:
-    """JSON with bounded integers and nesting; every failure a ConversionError naming the file."""
+def parse_json(raw: bytes, path: Path, max_depth: int | None = MAX_JSON_DEPTH) -> object:
+    """JSON with bounded integers and nesting (None: only as deep as the parser goes, for files fivefold does
+    not walk, such as a large tokenizer.json); every failure a ConversionError naming the file."""
     try:
         data = json.loads(raw.decode("utf-8"), parse_int=_bounded_int)
     except RecursionError:
         raise ConversionError(f"{path} is not valid JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, _bounded_int
         raise ConversionError(f"{path} is not valid JSON: {e}") from None
-    if _depth(data) > MAX_JSON_DEPTH:
-        raise ConversionError(f"{path} is nested {_depth(data)} levels deep; fivefold reads at most {MAX_JSON_DEPTH}")
+    if max_depth is not None and _depth(data) > max_depth:
+        raise ConversionError(f"{path} is nested {_depth(data)} levels deep; fivefold reads at most {max_depth}")
     return data
 
 

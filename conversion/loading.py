@@ -38,12 +38,12 @@ def open_stock_checkpoint(
         arch = architecture_for_model_type(stock["model_type"])
     except KeyError:
         return None
-    if stock["model_type"] != arch.stock_model_type:
-        return None  # already fivefold's layout
-    if arch.config_class.__name__ != cls.config_class.__name__:
+    if arch.config_class.__name__ != cls.config_class.__name__:  # a stock or a fivefold folder of another kind
         raise ConversionError(
             f"{name_or_path} is a {stock['model_type']} checkpoint; {cls.__name__} loads {cls.config_class.model_type}"
         )
+    if stock["model_type"] != arch.stock_model_type:
+        return None  # already fivefold's layout
     if not isinstance(user_config, PretrainedConfig):
         user_config = None  # a path or None: the config comes from the stock checkpoint
     return _stock_state(arch, cls, resolve_source(name_or_path, ref), stock, user_config)

@@ -33,11 +33,13 @@ def read_json(path: Path) -> dict:
 
 def allowed_roots(folder: Path) -> list[Path]:
     """Where the files of a checkpoint folder may really live: the folder itself and, for a Hub cache snapshot
-    (`.../snapshots/<revision>`, whose files are symlinks into the repo's `blobs/`), that blob store."""
+    (`.../snapshots/<revision>`, or a subfolder of one, whose files are symlinks into the repo's `blobs/`), that
+    blob store."""
     root = folder.resolve()
     roots = [root]
-    if folder.parent.name == "snapshots":
-        roots.append((folder.parent.parent / "blobs").resolve())
+    snapshot = next((p for p in (folder, *folder.parents) if p.parent.name == "snapshots"), None)
+    if snapshot is not None:
+        roots.append((snapshot.parent.parent / "blobs").resolve())
     return roots
 
 
@@ -111,13 +113,16 @@ class CheckpointReader:
             f"no weights in {self.folder}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {BIN_SINGLE} or {BIN_INDEX}"
         )
 
+    @staticmethod
+    def _open(file: Path):
+        try:
+            return safe_open(str(file), framework="pt")
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ConversionError(f"{file.name} is not a readable safetensors file: {e}") from None
+
     def _keys_in(self, file: Path) -> list[str]:
         if file.suffix == ".safetensors":
-            try:
-                handle = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError, ValueError) as e:
-                raise ConversionError(f"{file.name} is not a readable safetensors file: {e}") from None
-            self._handles[file] = handle
+            handle = self._handles[file] = self._open(file)  # kept for names, shapes and dtypes: the header only
             return list(handle.keys())
         try:
             state = _load_weights_only(file)
@@ -154,7 +159,9 @@ class CheckpointReader:
         if file in self._bin:
             return self._bin[file][stored]
         try:
-            return self._handles[file].get_tensor(stored)
+            # A handle of its own, closed on return: the memory map, and every page this read made resident, go
+            # with it, so that reading a checkpoint tensor by tensor holds only the tensors handed out.
+            return self._open(file).get_tensor(stored)
         except (SafetensorError, OSError, ValueError) as e:
             raise ConversionError(f"cannot read tensor {key!r} from {file.name}: {e}") from None
 
@@ -173,9 +180,16 @@ def checked_getter(reader: CheckpointReader) -> Callable[[str], torch.Tensor]:
     return get
 
 
+def all_finite(tensor: torch.Tensor, chunk: int = 1 << 24) -> bool:
+    """Whether every value is finite, checked a chunk at a time: `isfinite` on a whole bf16 tensor makes an fp32
+    copy and a mask of it, 2.5 times the tensor, which would set the peak memory of a streamed conversion."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(flat[i : i + chunk]).all()) for i in range(0, flat.numel(), chunk))
+
+
 def warn_if_not_finite(name: str, tensor: torch.Tensor, where: str) -> None:
     """NaN or infinite weights load fine but poison every output: say which tensor, once, and go on."""
-    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+    if not tensor.is_floating_point() or all_finite(tensor):
         return
     nan = int(torch.isnan(tensor).sum())
     inf = int(torch.isinf(tensor).sum())

@@ -51,7 +51,7 @@ def _keep_mode(src: Path, dst: Path) -> None:
 
 
 def _without_auto_map(data: bytes, path: Path) -> bytes:
-    parsed = parse_json(data, path)
+    parsed = parse_json(data, path, max_depth=None)  # only its top level is read
     if not isinstance(parsed, dict) or "auto_map" not in parsed:
         return data
     warnings.warn(

@@ -5,7 +5,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -15,11 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .errors import CheckpointWarning, ConversionError
-from .reader import SAFE_INDEX, SAFE_SINGLE
+from .reader import _SAFE_DTYPES, SAFE_INDEX, SAFE_SINGLE
 
 
 def parse_size(size: int | str) -> int:
@@ -57,7 +55,7 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[
 def write_safetensors(
     folder: Path,
     sizes: list[tuple[str, int]],
-    materialize: Callable[[list[str]], dict[str, torch.Tensor]],
+    materialize: Callable[..., dict[str, torch.Tensor]],  # (keys, done(bytes) per tensor) -> tensors
     max_shard_size: int,
     progress: bool = True,
 ) -> list[str]:
@@ -68,20 +66,55 @@ def write_safetensors(
         if len(shards) == 1
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
-    bar = tqdm(total=sum(s for _, s in sizes), unit="B", unit_scale=True, desc="writing", disable=not progress)
+    # Each byte counts twice: once read, checked and mapped (tensor by tensor), once written (shard by shard).
+    total = 2 * sum(s for _, s in sizes)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading, checking, writing", disable=not progress)
     weight_map = {}
     for file, keys in zip(names, shards, strict=True):
-        tensors = {k: t.contiguous() for k, t in materialize(keys).items()}
+        tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
         _unshare(tensors)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        bar.update(nbytes)
         weight_map.update(dict.fromkeys(keys, file))
-        bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
         del tensors
     bar.close()
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
         (folder / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return names
+
+
+_SAFE_NAMES = {dtype: name for name, dtype in _SAFE_DTYPES.items()}
+
+
+def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """safetensors' `save_file`, streamed: writes `tensors` (contiguous, CPU) as one safetensors file, each straight
+    from its memory and dropped from the dict once written, so that writing a shard needs no second copy of it
+    (safetensors' own builds one: the bytes of every tensor at once)."""
+    # In safetensors' own order (widest dtype first, then by name), so that every tensor starts aligned to its
+    # element size and a memory-mapped load reads the same addresses, hence runs the same kernels, as before.
+    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    header, offset = {"__metadata__": metadata}, 0
+    for name in order:
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _SAFE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(filename, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for name in order:
+            t = tensors.pop(name)
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            del t
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> None:
@@ -95,14 +128,27 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
 
 
 def check_destination(dst: str | os.PathLike, force: bool) -> Path:
-    dst = Path(dst)
+    # Absolute, so that "." or "x/.." has a real name and parent to write beside; a symlink is not followed.
+    dst = Path(os.path.abspath(dst))
     try:
         recover_destination(dst)
     except OSError as e:
         raise _cannot_write(dst, e) from None
     if (dst.exists() or dst.is_symlink()) and not force:
         raise ConversionError(f"{dst} already exists (use --force / force=True to replace it)")
+    if holds_working_directory(dst):
+        raise ConversionError(f"{dst} holds the working directory: replacing it would leave this process in a "
+                              "deleted folder; write the conversion elsewhere")  # fmt: skip
     return dst
+
+
+def holds_working_directory(folder: Path) -> bool:
+    """Whether replacing `folder` would delete the directory this process stands in (a symlink is replaced, not
+    its target)."""
+    if not folder.exists() or folder.is_symlink():
+        return False
+    here = Path.cwd().resolve()
+    return folder.resolve() == here or folder.resolve() in here.parents
 
 
 def check_apart(src: Path, dst: Path) -> None:
@@ -272,40 +318,3 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-# What transformers' save_pretrained writes or deletes as stale in a folder it saves into; everything else there
-# (a tokenizer saved first, a trainer's files, subfolders) it leaves alone.
-_WEIGHT_FILE = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
-
-
-@contextmanager
-def updated_folder(dst: str | os.PathLike) -> Iterator[Path]:
-    """`save_pretrained` made atomic: yields a temporary folder beside `dst` to save into, which then takes
-    `dst`'s place in one step, carrying over (hard-linked) every entry of the old `dst` that the save did not
-    write and that transformers would not have deleted. Killed at any instant, `dst` is the old folder or the
-    new one. A symlink `dst` is followed: the folder it names is updated."""
-    dst = Path(dst).resolve() if Path(dst).is_symlink() else Path(dst)
-    with atomic_folder(dst, force=True) as tmp:
-        yield tmp
-        if dst.is_dir():
-            for entry in dst.iterdir():
-                if not (tmp / entry.name).exists() and not (tmp / entry.name).is_symlink():
-                    if not _WEIGHT_FILE.match(entry.name):
-                        _link_into(entry, tmp / entry.name)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError:
-        shutil.copy2(src, dst, follow_symlinks=False)
-
-
-def _link_into(entry: Path, target: Path) -> None:
-    if entry.is_symlink():
-        os.symlink(os.readlink(entry), target)
-    elif entry.is_dir():
-        shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
-    else:
-        _link_or_copy(str(entry), str(target))

@@ -9,7 +9,8 @@ so that the backward exchange happens on every rank), and sends the outputs back
 as on one device. Both exchanges are autograd-aware: the backward pass sends the gradients the other way.
 
 `from_pretrained(..., distributed_config=DistributedConfig(ep_size=N, fsdp_size=N))` reaches `distribute` below;
-the layers outside the experts are then sharded with FSDP2 (`fully_shard`) over the same ranks.
+the layers outside the experts are then sharded with FSDP2 (`fully_shard`) over the same ranks. With
+`DistributedConfig(ep_size=N, tp_size=N)` the ranks share one batch and tensor parallelism splits the rest.
 
 Shapes: N tokens, C channels, E experts, R experts per token, A assignments, G ranks of a process group,
 X experts one rank holds (E / G, expert parallelism).
@@ -51,7 +52,7 @@ class ExpertParallelMixtureOfExperts(MixtureOfExperts):
     group = None
     first: int = 0  # the first expert this rank holds
     local: int = 0  # how many it holds (X)
-    batches: int = 1  # the batches (ranks) an expert's gradient sums over; it is divided by this
+    batches: int = 1  # the ranks whose tokens an expert's gradient sums; it is divided by this
 
     def divide_gradients(self) -> None:
         """Once per weight (loading replaces the weights built on meta, so this waits for the first forward)."""
@@ -110,29 +111,47 @@ def local_expert_parameters(model: nn.Module) -> set[nn.Parameter]:
 
 
 def distribute(model: nn.Module, distributed_config, mesh_manager) -> nn.Module:
-    """Expert parallelism over the `ep` ranks and FSDP2 over the rest of the model, before the weights load.
-    Stock's FSDP would shard this rank's experts as if every rank held the same ones, so the experts are kept out
-    of it (`ignored_params`): each lives whole on one rank, and its gradient, a sum over every rank's tokens, is
-    divided by the number of batches, as FSDP averages the other gradients."""
-    from torch.distributed.fsdp import fully_shard
-
-    if distributed_config.tp_size > 1 or distributed_config.pp_size > 1 or distributed_config.dp_replicate_size > 1:
-        raise NotImplementedError("fivefold's expert parallelism composes with fsdp_size only (tp/pp/HSDP: not yet)")
-    if distributed_config.efsdp_size != 1:
-        raise NotImplementedError("fivefold's expert parallelism needs ep_size == fsdp_size (each expert on one rank)")
-    model.config.distributed_config = distributed_config
+    """Expert parallelism over the `ep` ranks, before the weights load, in one of two layouts:
+    - `ep_size == fsdp_size`: every rank runs its own batch, and FSDP2 shards the rest of the model. Stock's FSDP
+      would shard this rank's experts as if every rank held the same ones, so they are kept out of it
+      (`ignored_params`): each lives whole on one rank.
+    - `ep_size == tp_size`: the ranks share one batch, and tensor parallelism splits the rest. Each rank still
+      sends each assignment only to its expert's owner, so every expert runs once per copy of the batch.
+    Either way an expert's gradient sums what every rank of the group sent it, and is divided by their number:
+    the mean over the batches, as FSDP averages, or one copy of the shared batch."""
+    config = distributed_config
+    if (
+        config.pp_size > 1
+        or config.dp_replicate_size > 1
+        or config.efsdp_size != 1
+        or min(config.tp_size, config.dp_size) > 1
+    ):
+        raise NotImplementedError(
+            "fivefold's expert parallelism takes ep_size == fsdp_size or ep_size == tp_size "
+            f"(asked: ep {config.ep_size}, fsdp {config.fsdp_size}, tp {config.tp_size}, pp {config.pp_size}, "
+            f"dp_replicate {config.dp_replicate_size})"
+        )
+    model.config.distributed_config = config
     model._mesh_manager = mesh_manager
     model._device_mesh = mesh_manager.get_mesh(("pp", "fsdp", "tp"))
     model._is_distributed_loading_by_transformers = True
-    model._tp_size, model._fsdp_size = distributed_config.tp_size, distributed_config.fsdp_size
-    group = mesh_manager.get_mesh("ep").get_group()
+    model._tp_size, model._fsdp_size = config.tp_size, config.fsdp_size
+    model.expert_group = group = mesh_manager.get_mesh("ep").get_group()
     for name, moe in model.named_modules():
         if isinstance(moe, MixtureOfExperts):
             partition_experts(moe, group)
-            moe.batches = distributed_config.dp_size
+            moe.batches = config.ep_size
             # The other ranks' experts are in the checkpoint and deliberately not read: not "unexpected".
             remote = "|".join(str(e) for e, expert in enumerate(moe.experts) if isinstance(expert, RemoteExpert))
             model._keys_to_ignore_on_load_unexpected.add(rf"^{re.escape(name)}\.experts\.({remote})\.")
+    if config.tp_size > 1:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+        model._tp_plan = {rule: style for rule, style in model.tp_plan.items() if ".experts." not in rule}
+        apply_tensor_parallelism(model, mesh_manager.get_mesh("tp"), model._expand_parallel_plan(model._tp_plan))
+        return model  # one batch: the load-balancing loss is this rank's
+    from torch.distributed.fsdp import fully_shard
+
     model.data_parallel_group = mesh_manager.get_mesh("fsdp").get_group()
     experts = local_expert_parameters(model)
     fsdp_mesh = mesh_manager.get_mesh("fsdp")
@@ -145,7 +164,7 @@ def distribute(model: nn.Module, distributed_config, mesh_manager) -> nn.Module:
 
 def gather_experts(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Adds every rank's experts to the full state dict rank 0 writes (other ranks get {})."""
-    group = getattr(model, "data_parallel_group", None)
+    group = model.expert_group
     local = {
         name: tensor.detach().cpu()
         for name, tensor in model.state_dict().items()

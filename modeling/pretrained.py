@@ -5,6 +5,7 @@ layout of fivefold's own names."""
 import os
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -33,8 +34,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
-    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together.
+    # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together, and the ranks
+    # that split the experts.
     data_parallel_group: Any = None
+    expert_group: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity.
@@ -67,6 +70,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         # under a prefix): keep the rules that name a module of this model.
         names = {replace_layer_number_by_wildcard(name) for name, _ in self.named_modules()}
         self._tp_plan = {rule: style for rule, style in self._tp_plan.items() if rule in names}
+        self._fsdp_plan = {rule: style for rule, style in self._fsdp_plan.items() if rule in names}
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
@@ -74,6 +78,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         over per-expert modules, expert_parallel.py); the rest is stock's."""
         if mesh_manager is not None and distributed_config.ep_size > 1 and expert_layers(model):
             return distribute(model, distributed_config, mesh_manager)
+        if mesh_manager is not None and distributed_config.dp_size > 1:
+            # Tied before FSDP2 shards them (transformers ties only after loading): FSDP2 then knows both modules
+            # of a tied weight, else the output embedding keeps a stale copy after the first step.
+            model.tie_weights()
         return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
     def gather_sharded_state_dict_for_save(self, model_to_save, state_dict, distributed_config, **kwargs):
@@ -88,7 +96,12 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
-        if self.converter is None or not kwargs.get("is_main_process", True) or os.path.isfile(save_directory):
+        # Under torch.distributed every rank calls this (sharded weights are gathered) and rank 0 writes: another
+        # rank writing code into a folder swapped in whole would replace rank 0's.
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+            kwargs["is_main_process"] = False
+        in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes there
+        if self.converter is None or not kwargs.get("is_main_process", True) or in_place:
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name

@@ -23,9 +23,13 @@ import torch
 P = ParamSpec("P")
 
 
+# Shipped remote code may meet a torch without it (this file travels in converted folders).
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+
+
 def tracing() -> bool:
     """Whether the current call is being traced into a graph rather than run."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+    return torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
 
 
 def eager_only(check: Callable[P, None]) -> Callable[P, None]:

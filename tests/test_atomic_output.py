@@ -423,3 +423,15 @@ def test_save_pretrained_killed_mid_write(saved, converted, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert _tree(folder) == before
+
+
+def test_working_directory_is_never_swapped_out(saved, stock_checkpoint, monkeypatch):
+    """Swapping the folder a process stands in would leave it in a deleted folder: `save_pretrained(".")` writes
+    in place, and `convert SRC . --force` is refused."""
+    model, folder = saved
+    monkeypatch.chdir(folder)
+    model.save_pretrained(".")
+    assert {"vocab.txt", "runs", "model.safetensors", "config.json"} <= set(os.listdir("."))
+    with pytest.raises(ConversionError, match="holds the working directory"):
+        fivefold.convert(stock_checkpoint("bert", "BertForMaskedLM"), ".", force=True, progress=False)
+    assert (Path.cwd() / "vocab.txt").read_text() == "[PAD]\n"

@@ -1,19 +1,21 @@
-"""Tensor parallelism through `DistributedConfig(tp_size=2)` for every architecture (configuration/parallel.py's
-plans: column-wise q/k/v/gate/up, row-wise o/down, T5's relative bias by head): logits equal one process's.
-Two gloo processes the test starts itself."""
+"""Tensor parallelism through `DistributedConfig(tp_size=2)` for every class of every architecture
+(configuration/parallel.py's plans: column-wise q/k/v/gate/up, row-wise o/down, T5's relative bias by head): the
+output (logits, or the first output) on a padded batch equals one process's. Two gloo processes the test starts."""
 
 from launching import launch
-from workers.task_classes import TASK_CLASSES
 
-from fivefold.architectures import NAMES
+from fivefold.architectures import ARCHITECTURES
+
+CLASSES = {cls.__name__ for arch in ARCHITECTURES for cls in arch.models.values()}
 
 
-def test_tensor_parallel_logits_equal_one_process(tmp_path):
-    results = launch("tensor_parallel", 2, tmp_path, {"classes": TASK_CLASSES}, timeout=150)
+def test_tensor_parallel_outputs_equal_one_process(tmp_path):
+    results = launch("tensor_parallel", 2, tmp_path, {}, timeout=200)
     for result in results:
-        assert set(result) == set(NAMES)
+        assert set(result) == CLASSES
         for name, r in result.items():
             assert r["sharded"], name
-            # Row-wise layers sum their partial products in another order. 1e-5, or for a model whose fp32 logits
-            # are further than that from fp64 anyway (tiny T5: 5e-5, unscaled attention), that error.
-            assert r["logits"] <= max(1e-5, r["fp32_error"]), (name, r)
+            # Row-wise layers sum their partial products in another order: within 1e-5 (every class but T5's:
+            # 5e-7 measured). The tiny T5's fp32 outputs are up to 6e-4 from fp64 (unscaled attention), and two
+            # fp32 computations that far from the truth can be twice that apart: the bound there.
+            assert r["output"] <= max(1e-5, 2 * r["fp32_error"]), (name, r)

@@ -1,9 +1,7 @@
 """Every architecture trains under `torchrun --nproc_per_node 2` with Trainer and gradient checkpointing (gloo):
 the ranks end with identical weights, equal to a one-process run on the same global batch.
-
-T5 is the exception to the last point: its 2-process weights differ from the 1-process ones, and so do stock
-T5ForConditionalGeneration's under Trainer from a hand-written SGD loop from the second step on (measured, not
-yet understood); for T5 the test asserts identical ranks and training only."""
+The learning rate is small because the tiny random T5 has large gradients: at lr 1e-2 one process on a batch
+and on its two halves drift from 1e-7 to 0.1 apart within three steps; at 1e-3 they stay within 1e-6."""
 
 import json
 
@@ -21,9 +19,9 @@ def test_trainer_under_torchrun_equals_one_process(tmp_path):
         for rank in range(nproc):
             results = json.loads((tmp_path / f"result-{rank}.json").read_text())
             assert set(results) == set(NAMES)
-            assert all(r["vs_rank_0"] == 0.0 and r["moved"] > 1e-3 for r in results.values()), results
+            assert all(r["vs_rank_0"] == 0.0 and r["moved"] > 1e-4 for r in results.values()), results
     two, one = (torch.load(tmp_path / f"trained-{n}.pt") for n in (2, 1))
-    for name in set(NAMES) - {"t5"}:
+    for name in NAMES:
         assert two[name].keys() == one[name].keys()
         for key in one[name]:
             assert torch.allclose(two[name][key], one[name][key], atol=1e-5, rtol=0), (name, key)

@@ -96,6 +96,7 @@ def fivefold_steps(hub, name: str, *steps, token: str | None = TOKEN) -> list[di
 STOCK_ONLY = WITHOUT_FIVEFOLD.split("jobs_file, out_file")[0] + textwrap.dedent(
     """
     import json
+    from pathlib import Path
     step, out = sys.argv[1], sys.argv[2]
     ids = torch.tensor([[2, 5, 7, 9, 11, 3], [2, 8, 4, 3, 0, 0]])
     mask = (ids != 0).long()
@@ -103,26 +104,32 @@ STOCK_ONLY = WITHOUT_FIVEFOLD.split("jobs_file, out_file")[0] + textwrap.dedent(
     result = {"cls": type(ff).__name__, "module": type(ff).__module__}
     with torch.no_grad():
         result["ours"] = ff.eval()(input_ids=ids, attention_mask=mask).logits.tolist()
-    if step == "compare-and-train":
-        stock = transformers.BertForMaskedLM.from_pretrained("org/stock", revision="main").eval()
-        with torch.no_grad():
-            result["stock"] = stock(input_ids=ids, attention_mask=mask).logits.tolist()
-        ff.train()
-        loss = ff(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-        loss.backward()
-        torch.optim.SGD(ff.parameters(), lr=0.5).step()
-        ff.push_to_hub("org/ff", commit_message="one fine-tuning step")
-        with torch.no_grad():
-            result["tuned"] = ff.eval()(input_ids=ids, attention_mask=mask).logits.tolist()
+    stock = transformers.BertForMaskedLM.from_pretrained("org/stock", revision="main").eval()
+    with torch.no_grad():
+        result["stock"] = stock(input_ids=ids, attention_mask=mask).logits.tolist()
+    ff.train()
+    loss = ff(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    loss.backward()
+    torch.optim.SGD(ff.parameters(), lr=0.5).step()
+    ff.push_to_hub("org/ff", commit_message="one fine-tuning step")
+    with torch.no_grad():
+        result["tuned"] = ff.eval()(input_ids=ids, attention_mask=mask).logits.tolist()
+    # Reloaded the same way, downloaded afresh into an empty cache: what the Hub now holds.
+    again = transformers.AutoModelForMaskedLM.from_pretrained(
+        "org/ff", trust_remote_code=True, revision="main", cache_dir=step, force_download=True
+    ).eval()
+    result["commit"] = (Path(step) / "models--org--ff" / "refs" / "main").read_text()  # what it downloaded
+    with torch.no_grad():
+        result["reloaded"] = again(input_ids=ids, attention_mask=mask).logits.tolist()
     assert "fivefold" not in sys.modules
     json.dump(result, open(out, "w"))
     """
 )
 
 
-def stock_only(hub, name: str, step: str, tmp_path: Path) -> dict:
+def stock_only(hub, name: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{name}.json"
-    done = run_client(STOCK_ONLY, env(hub, name), step, str(out))
+    done = run_client(STOCK_ONLY, env(hub, name), str(tmp_path / "fresh-cache"), str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -133,11 +140,8 @@ def max_diff(a, b) -> float:
     return float((torch.as_tensor(a) - torch.as_tensor(b)).abs()[real].max())
 
 
-def test_convert_push_load_without_fivefold_finetune_push_reload(hub, tmp_path):
-    dst = tmp_path / "ff"
-    [convert] = fivefold_steps(
-        hub, "convert", ["convert", "org/stock", str(dst), "--push-to-hub", "org/ff", "--commit-message", "converted"]
-    )
+def test_convert_push_load_without_fivefold_finetune_push_reload(hub, fivefold_run, tmp_path):
+    dst, convert = fivefold_run["round trip"]
     assert convert["rc"] == 0, convert["stderr"]
     pushed = hub.files("org/ff")
     assert set(pushed) == {".gitattributes", *(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())}
@@ -152,15 +156,14 @@ def test_convert_push_load_without_fivefold_finetune_push_reload(hub, tmp_path):
     assert card.data.tags == ["fivefold", "bert"] and card.data.pipeline_tag == "fill-mask"
     assert 'from_pretrained("org/ff", trust_remote_code=True)' in card.text
 
-    first = stock_only(hub, "load", "compare-and-train", tmp_path)
+    first = stock_only(hub, "stock-only", tmp_path)
     assert first["cls"] == "FivefoldBertForMaskedLM" and first["module"].startswith("transformers_modules")
     assert max_diff(first["ours"], first["stock"]) <= 1e-4
     assert max_diff(first["tuned"], first["ours"]) > 1e-3  # the step changed the weights
     assert hub.repos["org/ff"].messages[-1] == "one fine-tuning step"
     assert any(p.startswith("modeling_") for p in hub.files("org/ff"))  # the code shipped again
-
-    again = stock_only(hub, "reload", "load", tmp_path)
-    assert max_diff(again["ours"], first["tuned"]) <= 1e-6
+    assert first["commit"] == hub.repos["org/ff"].branches["main"]
+    assert max_diff(first["reloaded"], first["tuned"]) <= 1e-6
 
 
 def ok(result: dict) -> dict:
@@ -184,11 +187,15 @@ with torch.no_grad():
 """
 
 
-def test_hub_options_and_failed_uploads(hub, tmp_path):
-    d = {name: str(tmp_path / name) for name in ("v2", "nested", "back", "py", "bad", "dead", "broken", "none")}
+@pytest.fixture(scope="module")
+def fivefold_run(hub, tmp_path_factory):
+    """Every fivefold-side step of this file, in one process: the round trip's convert and push first."""
+    tmp_path = tmp_path_factory.mktemp("fivefold-steps")
+    d = {name: str(tmp_path / name) for name in ("ff", "v2", "nested", "back", "py", "bad", "dead", "broken", "none")}
     results = fivefold_steps(
         hub,
-        "options",
+        "fivefold",
+        ["convert", "org/stock", d["ff"], "--push-to-hub", "org/ff", "--commit-message", "converted", "-q"],
         ["convert", "org/stock", d["v2"], "--revision", "v2", "--quiet"],
         ["push", d["v2"], "org/ff-v2", "--private", "--commit-message", "the v2 branch", "--token", TOKEN],
         ["verify", "org/stock", "org/ff-v2", "--revision", "v2"],  # both Hub ids; the second private (HF_TOKEN)
@@ -207,6 +214,11 @@ def test_hub_options_and_failed_uploads(hub, tmp_path):
         ["convert", "org/stock", d["none"], "--push-to-hub", "org/none"],
         ["convert", str(tmp_path / "missing" / "folder"), d["none"]],
     )
+    return {"round trip": (Path(d["ff"]), results[0]), "options": (d, results[1:])}
+
+
+def test_hub_options_and_failed_uploads(hub, fivefold_run):
+    d, results = fivefold_run["options"]
     assert len(results) == 13, [r.get("argv") for r in results]
     convert_v2, push, verify, export, nested, bert_v2, gpt2_sub, python_push, bad, broken, dead, none, missing = results
     assert ok(convert_v2)["stdout"] == "" and ok(export)["stdout"] == ""  # --quiet

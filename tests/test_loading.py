@@ -1,5 +1,6 @@
 """Loading options work as in transformers: dtype, device_map with offload, init of missing weights."""
 
+import pytest
 import torch
 import transformers
 
@@ -73,3 +74,11 @@ def test_prenorm_block_places_norms_before_each_sublayer():
         h = x + block.attn(block.norm_before_attn(x))[0]
         expected = h + block.mlp(block.norm_before_mlp(h))
         assert (block(x) - expected).abs().max() < 1e-6
+
+
+def test_a_fivefold_folder_of_another_architecture_is_refused(converted, stock_checkpoint):
+    """As for stock folders: one clear error naming both, not random weights with transformers' warning."""
+    _, bert_folder = converted("bert", "BertForMaskedLM")
+    for folder in (bert_folder, stock_checkpoint("bert", "BertForMaskedLM")):
+        with pytest.raises(fivefold.ConversionError, match=r"is a (fivefold_)?bert checkpoint; .* loads fivefold_gpt2"):
+            fivefold.FivefoldGPT2LMHeadModel.from_pretrained(folder)

@@ -17,6 +17,7 @@ import fivefold
 from fivefold import cli
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.remote_code import flat_module_name, flatten_source, shipped_modules
+from fivefold.conversion.verify import verify
 
 NETWORK_BLOCKED = textwrap.dedent(
     """
@@ -135,6 +136,7 @@ def test_checkpoint_config_never_selects_the_attention_kernel(stock_checkpoint, 
     written = json.loads((tmp_path / "dst" / "config.json").read_text())
     assert "attn_implementation" not in written and "experts_implementation" not in written
     assert fivefold.FivefoldBertForMaskedLM.from_pretrained(src).config._attn_implementation != value
+    assert max(verify(src, tmp_path / "dst").values()) <= 1e-4  # the stock model too, from the sanitised fields
 
     ours = tmp_path / "dst"
     (ours / "config.json").write_text(json.dumps({**written, "attn_implementation": value}))

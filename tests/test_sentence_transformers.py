@@ -59,6 +59,7 @@ def test_modules_travel_and_embeddings_match(folders):
         assert (embed(folder) - expected).abs().max() <= 1e-5, folder
 
 
+@pytest.mark.slow
 def test_embeddings_match_with_stock_transformers_only(folders, tmp_path):
     src, dst, _ = folders
     script = WITHOUT_FIVEFOLD.split("jobs_file, out_file")[0] + (

@@ -27,6 +27,14 @@ def vm(field: str) -> float:
     raise KeyError(field)
 
 
+# The same path once on a tiny model first, so that what is measured below is the big model's weights rather than
+# the first call's one-time costs (imports, buffers of the process group and of FSDP2).
+warm = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+    args["tiny"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
+)
+with torch.no_grad():
+    warm(input_ids=torch.tensor([[5, 6, 7]]))
+del warm
 before = vm("VmRSS")
 ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
     args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
@@ -70,4 +78,22 @@ result["generate"] = got.tolist() == want.tolist() and got.shape[1] == ids.shape
 
 ep.save_pretrained(folder / "saved")
 dist.barrier()
+
+# With tensor parallelism instead of FSDP2: both ranks hold the same batch.
+both = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
+    args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, tp_size=2)
+)
+shared = batches[0]
+full.zero_grad()
+with torch.no_grad():
+    result["tp_logits"] = max_diff(both(input_ids=shared).logits, full(input_ids=shared).logits)
+both.train()
+both(input_ids=shared, labels=shared).loss.backward()
+full(input_ids=shared, labels=shared).loss.backward()
+tp_experts = both.model.layers[0].mlp.experts
+result["tp_expert_grads"] = max(
+    max_diff(p.grad, q.grad)
+    for e in result["held"]
+    for p, q in zip(tp_experts[e].parameters(), full.model.layers[0].mlp.experts[e].parameters(), strict=True)
+)
 finish(result)

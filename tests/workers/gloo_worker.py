@@ -25,6 +25,25 @@ def finish(result: dict) -> None:
     dist.destroy_process_group()
 
 
+def tiny_checkpoints(every_head: bool = False):
+    """(architecture, class, a folder holding its tiny checkpoint) for every architecture's task class (or, with
+    `every_head`, for every class it has); rank 0 writes the checkpoints, seeded, and every rank reads them."""
+    from task_classes import TASK_CLASSES
+
+    from fivefold.architectures import ARCHITECTURES
+
+    for arch in ARCHITECTURES:
+        name = arch.stock_model_type
+        classes = arch.models.values() if every_head else [arch.class_named(TASK_CLASSES[name])]
+        for cls in classes:
+            path = folder / cls.__name__
+            if dist.get_rank() == 0:
+                torch.manual_seed(0)
+                cls(arch.config_class(**arch.tiny)).save_pretrained(path)
+            dist.barrier()
+            yield arch, cls, path
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().float() - b.detach().float()).abs().max().item() if a.numel() else 0.0
 

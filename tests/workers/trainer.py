@@ -66,7 +66,7 @@ for arch in ARCHITECTURES:
     batch = batch_for(arch, config)
     args = transformers.TrainingArguments(
         output_dir=str(folder / "out"), report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-        per_device_train_batch_size=SAMPLES // world, max_steps=3, optim="sgd", learning_rate=0.1,
+        per_device_train_batch_size=SAMPLES // world, max_steps=3, optim="sgd", learning_rate=1e-3,
         lr_scheduler_type="constant", max_grad_norm=0.0, gradient_checkpointing=True, dataloader_num_workers=0,
     )  # fmt: skip
     transformers.Trainer(model=model, args=args, train_dataset=Rows(batch)).train()
