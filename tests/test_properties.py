@@ -149,6 +149,7 @@ def test_cached_equals_uncached_decoding(arch, cls):
                 )
         assert torch.equal(runs[True].sequences, runs[False].sequences)
         for cached, uncached in zip(runs[True].scores, runs[False].scores, strict=True):
-            assert (cached - uncached).abs().max() <= 1e-4
+            # fp32 sums in another order: T5's unscaled attention carries ~1e-4 of the scores' own size
+            torch.testing.assert_close(cached, uncached, rtol=1e-4, atol=1e-4)
 
     check()
