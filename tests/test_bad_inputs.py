@@ -300,6 +300,8 @@ def test_empty_image_batch(cls):
 def test_norm_epsilon_refused_at_config_time(arch, eps):
     """A norm epsilon that would make every output non-finite is refused when the config is built."""
     fields = arch.config_class.__dataclass_fields__
-    name = next(n for n in ("layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rms_norm_eps") if n in fields)
+    name = next((n for n in ("layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rms_norm_eps") if n in fields), None)
+    if name is None:
+        pytest.skip("this config fixes its norm epsilon (DistilBERT's 1e-12)")
     with pytest.raises((ValueError, StrictDataclassError), match=f"{name} must be a finite number >= 0"):
         arch.config_class(**{**arch.tiny, name: eps})
