@@ -1,5 +1,5 @@
-"""Expert parallelism through transformers' API on two ranks: DistributedConfig(ep_size=2, fsdp_size=2). Each rank
-loads half the experts, runs its own batch, and is compared with a one-process model: logits on its batch, expert
+"""Expert parallelism through transformers' API on N ranks: DistributedConfig(ep_size=N, fsdp_size=N). Each rank
+loads 1/N of the experts, runs its own batch, and is compared with a one-process model: logits on its batch, expert
 and router gradients and the load-balancing loss over the union of the batches, synced generation, the save."""
 
 import torch
@@ -11,11 +11,10 @@ import fivefold
 from fivefold.modeling.expert_parallel import RemoteExpert
 
 rank, world = start()
+layout = DistributedConfig(ep_size=world, fsdp_size=world)
 result = {}
 try:
-    fivefold.FivefoldMixtralForCausalLM.from_pretrained(
-        args["three_experts"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
-    )
+    fivefold.FivefoldMixtralForCausalLM.from_pretrained(args["three_experts"], distributed_config=layout)
 except ValueError as error:
     result["error"] = str(error)
 
@@ -29,16 +28,12 @@ def vm(field: str) -> float:
 
 # The same path once on a tiny model first, so that what is measured below is the big model's weights rather than
 # the first call's one-time costs (imports, buffers of the process group and of FSDP2).
-warm = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
-    args["tiny"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
-)
+warm = fivefold.FivefoldMixtralForCausalLM.from_pretrained(args["tiny"], distributed_config=layout)
 with torch.no_grad():
     warm(input_ids=torch.tensor([[5, 6, 7]]))
 del warm
 before = vm("VmRSS")
-ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
-    args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)
-)
+ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(args["checkpoint"], distributed_config=layout)
 batches = [torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(s)) for s in range(world)]
 ids = batches[rank]
 result["rss_after_load"] = vm("VmRSS") - before
@@ -70,7 +65,7 @@ router = ep.model.layers[1].mlp.router.weight.grad
 result["router_grad"] = max_diff(router.full_tensor(), full.model.layers[1].mlp.router.weight.grad)
 ep.eval()
 
-new = [3, 6][rank]  # the ranks finish at different steps
+new = [3, 6, 4, 5][rank]  # the ranks finish at different steps
 with torch.no_grad():
     got = ep.generate(ids, max_new_tokens=new, do_sample=False, synced_gpus=True, eos_token_id=None, pad_token_id=0)
     want = full.generate(ids, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -79,7 +74,10 @@ result["generate"] = got.tolist() == want.tolist() and got.shape[1] == ids.shape
 ep.save_pretrained(folder / "saved")
 dist.barrier()
 
-# With tensor parallelism instead of FSDP2: both ranks hold the same batch.
+# With tensor parallelism instead of FSDP2 (two ranks: the tiny model has two key-value heads): one shared batch.
+if world != 2:
+    finish(result)
+    raise SystemExit
 both = fivefold.FivefoldMixtralForCausalLM.from_pretrained(
     args["checkpoint"], distributed_config=DistributedConfig(ep_size=2, tp_size=2)
 )
