@@ -3,6 +3,7 @@ with the pages' scratch folder /tmp/x moved into the test's temporary folder."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,5 +29,20 @@ def test_page_snippets_run(page, tmp_path):
     for i, (lang, code) in enumerate(snippets(page)):
         code = code.replace("/tmp/x", scratch)
         command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
-        result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
-        assert result.returncode == 0, f"{page.name} snippet {i} ({lang}) failed:\n{code}\n{result.stderr[-3000:]}"
+        returncode, stderr = run_in_own_group(command, tmp_path, env)
+        assert returncode == 0, f"{page.name} snippet {i} ({lang}) failed:\n{code}\n{stderr[-3000:]}"
+
+
+def run_in_own_group(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> tuple[int, str]:
+    """A snippet in a process group of its own, so that a hang (a launcher's ranks included) is killed whole and fails
+    the test rather than holding the pipes open."""
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"snippet timed out after {timeout} s (a hang): {command[-1][:200]}")
+    return process.returncode, stderr
