@@ -120,6 +120,7 @@ def worker(
     figures = {"rss_mib": peak, "bytes": exchanged, "world": world, **timings}
     (folder / f"{kind}-{distributed}-{rank}.json").write_text(json.dumps(figures))
     if distributed:
+        dist.barrier()  # a rank tearing gloo down while its peer still waits on it aborts the peer
         dist.destroy_process_group()
 
 

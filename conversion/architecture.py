@@ -2,7 +2,7 @@
 `fivefold.architectures` lists by name. A leaf module: it imports nothing of fivefold but the key-map type."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PretrainedConfig, PreTrainedModel
 
@@ -25,10 +25,20 @@ class Architecture:
     # PEFT's default LoRA targets for this model type (`LoraConfig` without target_modules), after PEFT's own for
     # the stock type: the query and value projections, or all three where stock fuses them into one layer.
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    # Auto class -> the Auto class in `models` whose class it also loads. A stock pipeline whose Auto class does
+    # not take the config falls back on the class `config.architectures` names inside transformers, which holds
+    # no fivefold class: T5 in "text-generation" reaches its conditional-generation class this way instead.
+    pipeline_fallbacks: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_type(self) -> str:
         return self.config_class.model_type
+
+    @property
+    def auto_classes(self) -> dict[str, type[PreTrainedModel]]:
+        """Every Auto class registered (and written into `auto_map`) for this architecture -> our class."""
+        fallbacks = {auto: self.models[target] for auto, target in self.pipeline_fallbacks.items()}
+        return {**self.models, **fallbacks}
 
     @property
     def base_model(self) -> type[PreTrainedModel]:

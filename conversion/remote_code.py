@@ -65,7 +65,7 @@ def flatten_source(module_name: str, source: str) -> str:
 def auto_map_for(config_class: type) -> dict[str, str]:
     """Every Auto class fivefold registers for this config, as `flat_module.Class` references."""
     arch = architecture_for_config(config_class)
-    entries = {"AutoConfig": config_class, **arch.models}
+    entries = {"AutoConfig": config_class, **arch.auto_classes}
     return {auto: f"{flat_module_name(cls.__module__)}.{cls.__name__}" for auto, cls in entries.items()}
 
 

@@ -126,4 +126,5 @@ ARCHITECTURE = Architecture(
     tiny=TINY_T5,
     public={"google-t5/t5-small": T5_SMALL, "google/flan-t5-base": FLAN_T5_BASE},
     sample_inputs=t5_sample,
+    pipeline_fallbacks={"AutoModelForCausalLM": "AutoModelForSeq2SeqLM"},  # pipeline("text-generation"), as stock
 )

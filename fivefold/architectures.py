@@ -35,7 +35,7 @@ ARCHITECTURES: tuple[Architecture, ...] = tuple(load(f"fivefold.conversion.{name
 def register(arch: Architecture) -> None:
     """Makes transformers' Auto classes resolve the architecture's model type to its config and classes."""
     transformers.AutoConfig.register(arch.model_type, arch.config_class, exist_ok=True)
-    for auto_name, model_class in arch.models.items():
+    for auto_name, model_class in arch.auto_classes.items():
         getattr(transformers, auto_name).register(arch.config_class, model_class, exist_ok=True)
 
 

@@ -7,6 +7,8 @@ that every layer's kernel adds to its scores (kernels.relative_bias_mask). An ar
 
 Shapes: B batch, T time (the decoder's), P cached steps, S key positions (the encoder's time), C channels,
 H query heads, V vocabulary.
+
+The decoder's own keys are its P + T positions, or every slot of a static cache.
 """
 
 from collections.abc import Mapping
@@ -101,15 +103,17 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         cache = cache if use_cache else None
-        past = cache.self_attention_cache.get_seq_length() if cache is not None else 0
+        self_cache = cache.self_attention_cache if cache is not None else None
+        past = self_cache.get_seq_length() if self_cache is not None else 0  # a 0-d tensor for a static cache
+        static = self_cache is not None and self_cache.is_compileable
+        keys = self_cache.get_max_length() if static else past + t  # a static cache's keys: all its slots
 
-        bias = self.relative_bias(t, past + t, past).to(hidden.dtype)  # [1, H, T, P + T]
-        mask = relative_bias_mask(bias, attention_mask, self.causal, hidden.device)  # [B or 1, H, T, P + T]
+        bias = self.relative_bias(t, keys, past).to(hidden.dtype)  # [1, H, T, S]
+        mask = relative_bias_mask(bias, attention_mask, self.causal, past, static)  # [B or 1, H, T, S]
         cross = ()
         if encoder_hidden_states is not None:
             enc_mask = cross_mask(encoder_attention_mask, encoder_hidden_states.shape[1], hidden.dtype)  # [B, 1, 1, S]
             cross = (encoder_hidden_states, enc_mask, cache)
-        self_cache = cache.self_attention_cache if cache is not None else None
         hidden = self.run_blocks(hidden, [mask] * len(self.layers), cross=cross, cache=self_cache, **kwargs)
         hidden = self.dropout(self.norm(hidden))
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden, cache=cache)

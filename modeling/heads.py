@@ -80,6 +80,15 @@ class TransformSpec:
 
 
 @dataclass(frozen=True)
+class WeightInit:
+    """A truncated normal for a fresh linear weight (its bias zero), where the recipe's stock scales the std by
+    the module's role instead of N(0, initializer_range)."""
+
+    std: float
+    cutoff: float  # in stds: values beyond +-cutoff * std are redrawn
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     pool: str = "none"  # key in POOLS
     transform: TransformSpec | None = None
@@ -87,6 +96,8 @@ class HeadSpec:
     input_dropout: float = 0.0  # before the transform (RoBERTa's classifier drops out twice)
     at: str = ""  # where the projection lives: "lm_head.decoder" (inside), "classifier" (beside), "" (none)
     bias: bool = True  # on the projection
+    transform_init: WeightInit | None = None  # the transform's dense; None: initializer_range
+    projection_init: WeightInit | None = None
 
     @property
     def owner(self) -> str:
@@ -104,6 +115,16 @@ class HeadSpec:
             raise ValueError(f"unknown pool {self.pool!r}; valid: {', '.join(sorted(POOLS))}")
 
 
+def with_init(module: nn.Module, weight_init: WeightInit | None) -> nn.Module:
+    """Marks a module for FivefoldPreTrainedModel._init_weights, which draws it from `weight_init`."""
+    module.weight_init = weight_init
+    return module
+
+
+def projection(spec: HeadSpec, width: int, out_features: int) -> nn.Module:
+    return with_init(Linear(width, out_features, bias=spec.bias), spec.projection_init)
+
+
 class Head(nn.Module):
     """The head of a spec. `out_features` sizes the projection when it lives inside the head."""
 
@@ -114,12 +135,12 @@ class Head(nn.Module):
         self.input_dropout = nn.Dropout(spec.input_dropout)
         t = spec.transform
         width = hidden_size if t is None or t.out_size is None else t.out_size
-        self.dense = Linear(hidden_size, width, bias=t.bias) if t is not None else nn.Identity()
+        self.dense = with_init(Linear(hidden_size, width, bias=t.bias), spec.transform_init) if t else nn.Identity()
         self.act = activation(t.activation) if t is not None else nn.Identity()
         self.norm = build_norm(t.norm, width, t.norm_eps) if t is not None else nn.Identity()
         self.dropout = nn.Dropout(spec.dropout)
         if spec.projection:
-            self.add_module(spec.projection, Linear(width, out_features, bias=spec.bias))
+            self.add_module(spec.projection, projection(spec, width, out_features))
 
     def forward(
         self,

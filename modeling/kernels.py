@@ -272,16 +272,26 @@ def additive_mask(bias: torch.Tensor | None, allowed: torch.Tensor | None, dtype
 
 def relative_bias_mask(
     bias: torch.Tensor,  # [1, H, T, S]
-    attention_mask: torch.Tensor | None,  # [B, S]
+    attention_mask: torch.Tensor | None,  # [B, S] or [B, P + T], or a ready-made [B, 1, T, S] (bool or additive)
     causal: bool,
-    device: torch.device,
+    past: int | torch.Tensor = 0,  # cached steps before the queries (a 0-d tensor for a static cache)
+    static: bool = False,  # the keys are all the slots of a static cache, used or not
 ) -> torch.Tensor:  # [B or 1, H, T, S]
     """T5's mask: the relative position bias where a key is visible (padding, and the future in a decoder), the
-    dtype's minimum elsewhere, one additive float mask that every block's kernel adds to its scores."""
+    dtype's minimum elsewhere, one additive float mask that every block's kernel adds to its scores. A static
+    cache's empty slots lie in every query's future, so the causal rule hides them, one query or many."""
     t, s = bias.shape[-2:]
-    allowed = padding_allowed(attention_mask, s, "attention_mask")  # [B, 1, 1, S]
-    if causal and t > 1:
-        causal_allowed = causal_bool_mask(t, s, device)  # [1, 1, T, S]
+    if attention_mask is not None and attention_mask.dim() == 4:
+        if attention_mask.dtype != torch.bool:
+            return bias + attention_mask.to(bias.dtype)  # generate's mask for a static cache, as stock adds it
+        allowed = attention_mask
+    else:
+        if static and attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] < s:
+            attention_mask = F.pad(attention_mask, (0, s - attention_mask.shape[1]), value=1)  # future: causal
+        allowed = padding_allowed(attention_mask, s, "attention_mask")  # [B, 1, 1, S]
+    if causal and (t > 1 or static):
+        query_position = torch.arange(t, device=bias.device)[:, None] + past  # [T, 1]
+        causal_allowed = (torch.arange(s, device=bias.device)[None, :] <= query_position)[None, None]  # [1, 1, T, S]
         allowed = causal_allowed if allowed is None else allowed & causal_allowed
     return additive_mask(bias, allowed, bias.dtype)
 

@@ -6,6 +6,8 @@ projection (`decoder` for the masked LM, `classifier` for the others); classifie
 mean of the real tokens (`classifier_pooling`).
 """
 
+import math
+
 from ..configuration.modernbert import FivefoldModernBertConfig
 from .attention import AttentionSpec
 from .block import BlockSpec
@@ -19,7 +21,7 @@ from .encoder_tasks import (
     EncoderForTokenClassification,
 )
 from .feedforward import FeedForwardSpec
-from .heads import HeadSpec, TransformSpec
+from .heads import HeadSpec, TransformSpec, WeightInit
 from .stack import Recipe, StackSpec
 
 # classifier_pooling -> the pool of a sequence classifier, and of a multiple-choice scorer (whose choices may
@@ -62,9 +64,16 @@ def modernbert_recipe(config) -> Recipe:
         )
 
     transform = TransformSpec(config.classifier_activation, norm, config.norm_eps, bias=config.classifier_bias)
+    # Fresh heads as stock draws them: the transform and the decoder as output layers (scaled by depth), the
+    # classifiers by the width.
+    cutoff = config.initializer_cutoff_factor or 3.0
+    out_init = WeightInit(config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers), cutoff)
+    classifier_init = WeightInit(config.hidden_size**-0.5, cutoff)
 
     def head(at: str, pool: str = "none", dropout: float = config.classifier_dropout, bias: bool = True) -> HeadSpec:
-        return HeadSpec(pool=pool, transform=transform, dropout=dropout, at=at, bias=bias)
+        projection_init = out_init if at == "decoder" else classifier_init
+        inits = dict(transform_init=out_init, projection_init=projection_init)
+        return HeadSpec(pool, transform, dropout, at=at, bias=bias, **inits)
 
     return Recipe(
         stack=StackSpec(

@@ -47,10 +47,11 @@ class RelativePositionBias(nn.Module):
         self.spec = spec
         self.relative_attention_bias = nn.Embedding(spec.num_buckets, spec.num_heads)
 
-    def forward(self, query_length: int, key_length: int, past_length: int = 0) -> torch.Tensor:
-        """[1, H, T, S]. Queries are the last `query_length` positions after `past_length` cached ones."""
+    def forward(self, query_length: int, key_length: int, past_length: int | torch.Tensor = 0) -> torch.Tensor:
+        """[1, H, T, S]. Queries are the `query_length` positions after `past_length` cached ones (a 0-d tensor
+        for a static cache, so that compiled decoding steps do not specialise on it)."""
         device = self.relative_attention_bias.weight.device
-        query_position = torch.arange(past_length, past_length + query_length, device=device)[:, None]  # [T, 1]
+        query_position = torch.arange(query_length, device=device)[:, None] + past_length  # [T, 1]
         key_position = torch.arange(key_length, device=device)[None, :]  # [1, S]
         buckets = relative_position_bucket(
             key_position - query_position, self.spec.bidirectional, self.spec.num_buckets, self.spec.max_distance

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .heads import Head, HeadSpec
-from .linear import Linear
+from .heads import Head, HeadSpec, projection
 from .pretrained import FivefoldPreTrainedModel
 
 
@@ -35,7 +34,7 @@ class TaskModel(FivefoldPreTrainedModel):
                 if hasattr(self, "head"):
                     raise ValueError(f"{type(self).__name__}: two heads beside their projections would both be `head`")
                 self.head = Head(spec, width)
-                self.add_module(spec.owner, Linear(width, size, bias=spec.bias) if size else nn.Identity())
+                self.add_module(spec.owner, projection(spec, width, size) if size else nn.Identity())
         if self.output_task is not None:
             tied = {f"{heads[self.output_task].at}.weight": self.input_embeddings_key}
             self._tied_weights_keys = {**(self._tied_weights_keys or {}), **tied}

@@ -42,7 +42,8 @@ def generation_overrides(arch: Architecture) -> dict:
 
 # --- shipped code, run where fivefold cannot be imported ----------------------------------------------------
 
-WITHOUT_FIVEFOLD = textwrap.dedent(
+# The first lines of a script run where fivefold cannot be imported (its paths dropped, its imports refused).
+NO_FIVEFOLD = textwrap.dedent(
     """
     import importlib.abc, sys
     sys.path = [p for p in sys.path if p not in ("", ".") and "fivefold" not in p and not p.endswith("/main")]
@@ -53,6 +54,11 @@ WITHOUT_FIVEFOLD = textwrap.dedent(
                 raise ImportError("fivefold is not importable in this process")
 
     sys.meta_path.insert(0, NoFivefold())
+    """
+)
+
+WITHOUT_FIVEFOLD = NO_FIVEFOLD + textwrap.dedent(
+    """
     import torch, transformers
     transformers.utils.logging.set_verbosity_error()
     jobs_file, out_file = sys.argv[1:3]

@@ -6,7 +6,7 @@ does under inductor, without inductor's C++ build, ~10 s a model on 2 cores); on
 
 import pytest
 import torch
-from transformers import StaticCache
+from transformers import EncoderDecoderCache, StaticCache
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.modeling.embeddings import check_token_ids
@@ -88,6 +88,40 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
                         cache=cache,
                         position_ids=torch.tensor([[prompt.shape[1] + i]]),
                         attention_mask=torch.ones(2, slots, dtype=torch.long),
+                        use_cache=True,
+                    )
+                logits.append(out.logits)
+        return torch.cat(logits, dim=1)
+
+    assert (decode(compiled) - decode(model)).abs().max() <= TOL
+
+
+def test_t5_decode_steps_over_a_static_cache_compile_once(converted):
+    """T5's decoder over a static self-attention cache: the relative bias and the mask cover every slot, the
+    queries' positions come from the cache's counter (a tensor), so later steps reuse the first step's graph."""
+    (arch,) = [a for a in ARCHITECTURES if a.stock_model_type == "t5"]
+    model, inputs = load(converted, arch, "AutoModelForSeq2SeqLM")
+    gen = torch.Generator().manual_seed(0)
+    steps = torch.randint(5, model.config.vocab_size, (inputs["input_ids"].shape[0], 4), generator=gen)
+    slots = 12
+    compiled = torch.compile(model, fullgraph=True, backend=CHEAP)
+
+    def decode(step) -> torch.Tensor:
+        encoded = model.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        cache = EncoderDecoderCache(
+            StaticCache(config=model.config, max_cache_len=slots),
+            StaticCache(config=model.config, max_cache_len=inputs["input_ids"].shape[1]),
+        )
+        logits = []
+        with torch.no_grad():
+            for i in range(steps.shape[1]):
+                with torch._dynamo.config.patch(error_on_recompile=i > 1):
+                    out = (model if i == 0 else step)(  # the first step fills the cross-attention cache in eager
+                        encoder_outputs=encoded,
+                        attention_mask=inputs["attention_mask"],
+                        decoder_input_ids=steps[:, i : i + 1],
+                        decoder_attention_mask=torch.ones(steps.shape[0], slots, dtype=torch.long),
+                        cache=cache,
                         use_cache=True,
                     )
                 logits.append(out.logits)

@@ -1,7 +1,7 @@
 """generate() of every class that generates (GenerationMixin), for every architecture in the table: greedy, beam
 and sampled decoding of the architecture's batched, padded prompts token for token equal to stock, with the same
-scores; a prompt of one row without an attention mask. (Cached == uncached decoding: test_properties.py; T5 with
-the deeper decoder and the v1.1 flavour: test_t5.py.)"""
+scores; a prompt of one row without an attention mask; greedy decoding over a static cache. (Cached == uncached
+decoding: test_properties.py; T5 with the deeper decoder and the v1.1 flavour: test_t5.py.)"""
 
 import pytest
 import torch
@@ -76,3 +76,18 @@ def test_generate_without_attention_mask_and_batch_of_one(pair, arch, cls):
     ids = torch.tensor([[5, 17, 42, 8, 90]])
     kwargs = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
     assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
+
+
+@pytest.mark.parametrize(("arch", "cls"), GENERATING)
+def test_generate_over_a_static_cache_matches_stock(pair, arch, cls):
+    """cache_implementation="static": generate hands the model a 4D mask over every slot of the cache (the
+    decoder's, for T5), and the positions come from the cache's counter."""
+    stock, ours = pair(arch, cls)
+    prompt = _prompt(arch, ours)
+    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
+    settings |= dict(return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        expected, got = (model.generate(**prompt, **settings) for model in (stock, ours))
+    assert torch.equal(expected.sequences, got.sequences)
+    for x, y in zip(expected.scores, got.scores, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=0)

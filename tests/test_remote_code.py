@@ -27,7 +27,7 @@ def _shipped_file(cls: type) -> str:
 def _check_shipped_code(arch, folder: Path, cls: type) -> None:
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == arch.model_type
-    assert set(config["auto_map"]) == {"AutoConfig", *arch.models}
+    assert set(config["auto_map"]) == {"AutoConfig", *arch.auto_classes}
     shipped = {p.name for p in folder.glob("*.py")}
     assert {_shipped_file(arch.config_class), _shipped_file(cls)} <= shipped
     for file in folder.glob("*.py"):  # flat, one-level relative imports of shipped files, no fivefold imports

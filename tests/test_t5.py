@@ -5,6 +5,10 @@ shipped code of the v1.1 flavour; old files (also at the public sizes, t5-small 
 device)."""
 
 import json
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -18,7 +22,16 @@ from fivefold.conversion.samples import build_stock_checkpoint
 from fivefold.conversion.verify import compare, verify
 from fivefold.modeling.relative_position import RelativePositionBias, relative_position_bucket
 
-from helpers import RemoteJob, plan_on_meta, public_stock_model, run_without_fivefold, shapes_on_disk, stock_parameters
+from helpers import (
+    NO_FIVEFOLD,
+    RemoteJob,
+    minilm_folder,
+    plan_on_meta,
+    public_stock_model,
+    run_without_fivefold,
+    shapes_on_disk,
+    stock_parameters,
+)
 
 TOL = 1e-4
 ARCH = architecture_for_model_type("t5")
@@ -285,7 +298,7 @@ def test_v1_1_forward_and_generate_as_remote_code(checkpoints, tmp_path):
     modules travel, and forward and generate() give what they give with fivefold. (Every class of the tiny v1.0:
     test_remote_code.py.)"""
     _, dst = checkpoints["v1.1"]
-    assert set(json.loads((dst / "config.json").read_text())["auto_map"]) == {"AutoConfig", *ARCH.models}
+    assert set(json.loads((dst / "config.json").read_text())["auto_map"]) == {"AutoConfig", *ARCH.auto_classes}
     shipped = {p.name for p in dst.glob("*.py")}
     assert {"modeling_t5.py", "modeling_encoder_decoder.py", "configuration_t5.py"} <= shipped
     ours = transformers.AutoModelForSeq2SeqLM.from_pretrained(dst).eval()
@@ -358,3 +371,41 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     checkpointed = grads()
     assert set(plain) == set(checkpointed) and "encoder.layers.0.attn.q_proj.weight" in plain
     assert all(torch.allclose(plain[k], checkpointed[k], atol=1e-6) for k in plain)
+
+
+PIPELINE_WITHOUT_FIVEFOLD = NO_FIVEFOLD + textwrap.dedent(
+    """
+    import json, transformers
+    folder, prompt = sys.argv[1:3]
+    generator = transformers.pipeline("text-generation", model=folder, trust_remote_code=True)
+    assert "fivefold" not in sys.modules
+    print(json.dumps([type(generator.model).__name__, generator(prompt, max_new_tokens=6, do_sample=False)]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_text_generation_pipeline_takes_the_conditional_generation_class_as_stock(tmp_path):
+    """Stock's "text-generation" pipeline finds no causal LM for T5 and falls back on the class its config names;
+    a fivefold folder (fivefold installed, or only stock transformers and its shipped code) does the same."""
+    # Equal depths, as public T5s have: stock's pipeline sizes its cache by the encoder's depth.
+    stock_fields = dict(vocab_size=30522, num_decoder_layers=2)
+    src = build_stock_checkpoint("t5", "T5ForConditionalGeneration", tmp_path / "stock", **stock_fields)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_folder() / name, src / name)  # an uncased WordPiece tokenizer of 30,522 tokens
+    dst = fivefold.convert(src, tmp_path / "fivefold", progress=False)
+    prompt, settings = "the relative bias of the decoder", dict(max_new_tokens=6, do_sample=False)
+    expected = transformers.pipeline("text-generation", model=str(src))(prompt, **settings)
+    ours = transformers.pipeline("text-generation", model=str(dst))
+    assert type(ours.model) is FivefoldT5ForConditionalGeneration
+    assert ours(prompt, **settings) == expected
+    (tmp_path / "remote.py").write_text(PIPELINE_WITHOUT_FIVEFOLD)
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "remote.py"), str(dst), prompt],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == ["FivefoldT5ForConditionalGeneration", expected]
