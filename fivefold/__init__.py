@@ -7,7 +7,6 @@ Importing fivefold registers every fivefold config and model with transformers' 
 from fivefold import conversion, peft_defaults
 from fivefold.architectures import ARCHITECTURES, register
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
-from fivefold.loss_logging import MixtureOfExpertsTrainer, PreTrainingTrainer
 from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
 from fivefold.next_sentence import next_sentence_pairs
@@ -26,6 +25,18 @@ for _arch in ARCHITECTURES:
         _classes[_cls.__name__] = _cls
 globals().update(_classes)
 peft_defaults.register()  # LoRA's default targets for fivefold's model types, once PEFT is imported
+
+# The Trainer subclasses import transformers' Trainer (and `datasets` with it), a second of every start-up that
+# converting, loading and the command line never need: imported on first use.
+_LAZY = {"MixtureOfExpertsTrainer": "fivefold.loss_logging", "PreTrainingTrainer": "fivefold.loss_logging"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fivefold' has no attribute {name!r}")
 
 __all__ = [
     "CheckpointWarning",

@@ -1,8 +1,14 @@
-"""Every snippet in the README and docs/ runs: python blocks and runnable shell blocks, page by page in order,
-with the pages' scratch folder /tmp/x moved into the test's temporary folder."""
+"""Every snippet in the README and docs/ runs, and runs again: python blocks and runnable shell blocks, page by page
+in order, then the page once more over what its first run left (a reader runs a page twice), with the pages'
+scratch folder /tmp/x moved into the test's temporary folder.
 
+The python snippets run in one interpreter for the whole module (tests/snippet_runner.py), each in a namespace of
+its own; shell snippets in a shell each. Either kind is killed with its process group when it hangs."""
+
+import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -13,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = ("pip install", "pytest", "ruff ", "path/to")  # set-up commands, the test command, placeholders
+TIMEOUT_S = 600
 
 
 def snippets(page: Path) -> list[tuple[str, str]]:
@@ -20,20 +27,68 @@ def snippets(page: Path) -> list[tuple[str, str]]:
     return [(lang, code) for lang, code in found if lang in ("python", "bash") and not any(s in code for s in NOT_RUN)]
 
 
+def environment() -> dict:
+    # The `fivefold` command of the environment running the tests, also from a virtualenv that is not activated.
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+class Runner:
+    """The python snippets' interpreter, started again after a snippet that hung or killed it."""
+
+    def __init__(self):
+        self.process = None
+
+    def run(self, code: str, cwd: Path) -> tuple[bool, str]:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).parent / "snippet_runner.py")],
+                env=environment(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
+        self.process.stdin.write(json.dumps({"code": code, "cwd": str(cwd)}) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], TIMEOUT_S)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            return False, f"no answer within {TIMEOUT_S} s (a hang, or the interpreter died)"
+        answer = json.loads(line)
+        return answer["ok"], answer["error"]
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+
+@pytest.fixture(scope="module")
+def runner():
+    interpreter = Runner()
+    yield interpreter
+    interpreter.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_page_snippets_run(page, tmp_path):
+def test_page_snippets_run_twice_in_a_row(page, tmp_path, runner):
     scratch = str(tmp_path / "x")
-    # The `fivefold` command of the environment running the tests, also from a virtualenv that is not activated.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for i, (lang, code) in enumerate(snippets(page)):
-        code = code.replace("/tmp/x", scratch)
-        command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-c", code]
-        returncode, stderr = run_in_own_group(command, tmp_path, env)
-        assert returncode == 0, f"{page.name} snippet {i} ({lang}) failed:\n{code}\n{stderr[-3000:]}"
+    for attempt in ("first", "second"):
+        for i, (lang, code) in enumerate(snippets(page)):
+            code = code.replace("/tmp/x", scratch)
+            if lang == "python":
+                ok, error = runner.run(code, tmp_path)
+            else:
+                returncode, error = run_in_own_group(["bash", "-e", "-c", code], tmp_path, environment())
+                ok = returncode == 0
+            assert ok, f"{page.name} snippet {i} ({lang}), {attempt} run, failed:\n{code}\n{error[-3000:]}"
 
 
-def run_in_own_group(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> tuple[int, str]:
+def run_in_own_group(command: list[str], cwd: Path, env: dict, timeout: float = TIMEOUT_S) -> tuple[int, str]:
     """A snippet in a process group of its own, so that a hang (a launcher's ranks included) is killed whole and fails
     the test rather than holding the pipes open."""
     process = subprocess.Popen(

@@ -179,6 +179,21 @@ def one_line_error(result: dict, *words: str) -> str:
     return line
 
 
+# Trainer(push_to_hub=True): one step of fine-tuning a fivefold model, then Trainer.push_to_hub.
+TRAINER_PUSH = """
+ids = torch.tensor([[2, 5, 7, 9, 11, 3]] * 4)
+rows = [{"input_ids": row, "attention_mask": torch.ones_like(row), "labels": row} for row in ids]
+model = fivefold.FivefoldBertForMaskedLM.from_pretrained("org/stock", revision="main")
+args = transformers.TrainingArguments(
+    output_dir=OUT, push_to_hub=True, hub_model_id="org/ff-trainer", hub_token=os.environ["HF_TOKEN"],
+    max_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+)
+trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+trainer.train()
+trainer.push_to_hub(commit_message="fine-tuned by Trainer")
+out = trainer.state.log_history[-1]["train_loss"]
+"""
+
 LOGITS = """
 ids = torch.tensor([[2, 5, 7, 9, 11, 3], [2, 8, 4, 3, 0, 0]])
 model = fivefold.{cls}.from_pretrained({args}).eval()
@@ -191,7 +206,8 @@ with torch.no_grad():
 def fivefold_run(hub, tmp_path_factory):
     """Every fivefold-side step of this file, in one process: the round trip's convert and push first."""
     tmp_path = tmp_path_factory.mktemp("fivefold-steps")
-    d = {name: str(tmp_path / name) for name in ("ff", "v2", "nested", "back", "py", "bad", "dead", "broken", "none")}
+    names = ("ff", "v2", "nested", "back", "py", "trainer", "bad", "dead", "broken", "none")
+    d = {name: str(tmp_path / name) for name in names}
     results = fivefold_steps(
         hub,
         "fivefold",
@@ -204,6 +220,7 @@ def fivefold_run(hub, tmp_path_factory):
         {"python": LOGITS.format(cls="FivefoldBertForMaskedLM", args='"org/stock", revision="v2"')},
         {"python": LOGITS.format(cls="FivefoldGPT2LMHeadModel", args='"org/nested", subfolder="sub"')},
         {"python": f"fivefold.convert('org/stock', {d['py']!r}, progress=False, push_to_hub='org/ff-py')"},
+        {"python": f"import transformers\nOUT = {d['trainer']!r}" + TRAINER_PUSH},
         ["convert", "org/stock", d["bad"], "--push-to-hub", "org/bad", "--token", "hf_wrong", "-q"],
         ["fail", "commits", "on"],
         ["push", d["v2"], "org/broken"],
@@ -219,8 +236,9 @@ def fivefold_run(hub, tmp_path_factory):
 
 def test_hub_options_and_failed_uploads(hub, fivefold_run):
     d, results = fivefold_run["options"]
-    assert len(results) == 13, [r.get("argv") for r in results]
-    convert_v2, push, verify, export, nested, bert_v2, gpt2_sub, python_push, bad, broken, dead, none, missing = results
+    assert len(results) == 14, [r.get("argv") for r in results]
+    convert_v2, push, verify, export, nested, bert_v2, gpt2_sub, python_push, trainer_push, *failures = results
+    bad, broken, dead, none, missing = failures
     assert ok(convert_v2)["stdout"] == "" and ok(export)["stdout"] == ""  # --quiet
     v2_stock = hub.root / "v2"
     assert json.loads(Path(d["back"], "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
@@ -241,6 +259,10 @@ def test_hub_options_and_failed_uploads(hub, fivefold_run):
     assert max_diff(bert_v2["out"], expected) <= 1e-4
     assert torch.tensor(gpt2_sub["out"]).shape[:2] == (2, 6)
     assert python_push == {"out": None} and "config.json" in hub.files("org/ff-py")
+    trained = hub.files("org/ff-trainer")  # Trainer(push_to_hub=True) ships the code with the weights
+    assert {"config.json", "model.safetensors"} <= set(trained) and any(p.startswith("modeling_") for p in trained)
+    assert "auto_map" in json.loads(trained["config.json"]) and isinstance(trainer_push["out"], float)
+    assert hub.repos["org/ff-trainer"].messages[-1] == "fine-tuned by Trainer"
 
     one_line_error(bad, "org/bad", "nothing was pushed")
     one_line_error(broken, "org/broken", "nothing was pushed", "500")

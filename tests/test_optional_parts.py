@@ -33,20 +33,22 @@ ROWS = [
 ]
 
 
-def strip(src, dst, pattern: str, names: str):
+def strip(src, dst, pattern: str, names: str, config_fields: dict | None = None):
+    """A copy of `src` without the tensors `pattern` matches, its config naming `names` (and `config_fields`)."""
     shutil.copytree(src, dst)
     tensors = load_file(dst / "model.safetensors")
     kept = {k: v for k, v in tensors.items() if not (pattern != "^$" and re.search(pattern, k))}
     save_file(kept, dst / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**config, "architectures": [names]}))
+    (dst / "config.json").write_text(json.dumps({**config, **(config_fields or {}), "architectures": [names]}))
     return dst
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r[1]}-as-{r[2]}-without-{r[3]}")
 def test_missing_optional_parts_convert_and_load_as_stock(stock_checkpoint, tmp_path, row):
     model_type, saved_from, named, pattern, overrides = row
-    src = strip(stock_checkpoint(model_type, saved_from, **overrides), tmp_path / "src", pattern, named)
+    # The overrides also go into config.json: T5's stock config does not keep an untied head through its init.
+    src = strip(stock_checkpoint(model_type, saved_from, **overrides), tmp_path / "src", pattern, named, overrides)
     with pytest.warns(CheckpointWarning, match="not in the checkpoint and not written: loading initialises them"):
         dst = fivefold.convert(src, tmp_path / "dst", progress=False)
 
@@ -79,3 +81,23 @@ def test_backbone_tensors_are_not_optional(stock_checkpoint, tmp_path):
         warnings.simplefilter("ignore", CheckpointWarning)
         with pytest.raises(ConversionError, match=r"2 tensor\(s\) missing from the checkpoint"):
             fivefold.convert(src, tmp_path / "dst", progress=False)
+
+
+def test_t5_without_its_untied_head_is_tied_as_stock_ties_it(stock_checkpoint, tmp_path):
+    """T5 v1.1 files hold an `lm_head` of their own; one without it is not a fresh head in stock (its config ties
+    the head whenever the file lacks one): no warning, the head is `shared`, on both sides."""
+    src = strip(
+        stock_checkpoint("t5", "T5ForConditionalGeneration"),
+        tmp_path / "src",
+        r"^lm_head\.",
+        "T5ForConditionalGeneration",
+    )
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        dst = fivefold.convert(src, tmp_path / "dst", progress=False)
+    stock = transformers.T5ForConditionalGeneration.from_pretrained(src)
+    ours = fivefold.FivefoldT5ForConditionalGeneration.from_pretrained(dst)
+    assert torch.equal(stock.lm_head.weight, stock.shared.weight)
+    assert torch.equal(ours.lm_head.weight, ours.shared.weight) and torch.equal(ours.shared.weight, stock.shared.weight)
