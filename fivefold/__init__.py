@@ -38,6 +38,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'fivefold' has no attribute {name!r}")
 
+
 __all__ = [
     "CheckpointWarning",
     "ConversionError",
