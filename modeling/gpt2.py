@@ -6,12 +6,9 @@ The recipe maps the stock `GPT2Config` fields onto shared parts; the classes bel
 
 import math
 
-from torch import nn
-from transformers import initialization as init
-
 from ..configuration.gpt2 import FivefoldGPT2Config
 from .attention import AttentionSpec
-from .block import Block, BlockSpec
+from .block import BlockSpec
 from .decoder import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
@@ -22,6 +19,7 @@ from .decoder import (
 from .embeddings import EmbeddingSpec
 from .feedforward import FeedForwardSpec
 from .heads import HeadSpec
+from .initialization import WeightInit, mark_projections
 from .stack import Recipe, StackSpec
 
 # The same function as one fused kernel: "gelu_new" is the tanh GELU written as seven elementwise ops, each a
@@ -90,13 +88,11 @@ class FivefoldGPT2PreTrainedModel(DecoderPreTrainedModel):
     config: FivefoldGPT2Config
     recipe = staticmethod(gpt2_recipe)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+    def post_init(self) -> None:
         # GPT-2's scheme: the projections writing into the residual stream start smaller, by 1/sqrt(2 n_layer).
-        if isinstance(module, Block):
-            std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
-            for proj in (module.attn.o_proj, module.mlp.down_proj):
-                init.normal_(proj.weight, mean=0.0, std=std)
+        residual = WeightInit(self.config.initializer_range / math.sqrt(2 * self.config.n_layer))
+        mark_projections(self, attn_out=residual, mlp_out=residual)
+        super().post_init()
 
 
 class FivefoldGPT2Model(FivefoldGPT2PreTrainedModel, DecoderModel):

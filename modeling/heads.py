@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .feedforward import activation
+from .initialization import WeightInit, with_init
 from .linear import Linear
 from .norms import build_norm
 
@@ -80,15 +81,6 @@ class TransformSpec:
 
 
 @dataclass(frozen=True)
-class WeightInit:
-    """A truncated normal for a fresh linear weight (its bias zero), where the recipe's stock scales the std by
-    the module's role instead of N(0, initializer_range)."""
-
-    std: float
-    cutoff: float  # in stds: values beyond +-cutoff * std are redrawn
-
-
-@dataclass(frozen=True)
 class HeadSpec:
     pool: str = "none"  # key in POOLS
     transform: TransformSpec | None = None
@@ -113,12 +105,6 @@ class HeadSpec:
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"unknown pool {self.pool!r}; valid: {', '.join(sorted(POOLS))}")
-
-
-def with_init(module: nn.Module, weight_init: WeightInit | None) -> nn.Module:
-    """Marks a module for FivefoldPreTrainedModel._init_weights, which draws it from `weight_init`."""
-    module.weight_init = weight_init
-    return module
 
 
 def projection(spec: HeadSpec, width: int, out_features: int) -> nn.Module:

@@ -21,7 +21,8 @@ from .encoder_tasks import (
     EncoderForTokenClassification,
 )
 from .feedforward import FeedForwardSpec
-from .heads import HeadSpec, TransformSpec, WeightInit
+from .heads import HeadSpec, TransformSpec
+from .initialization import WeightInit, mark_projections
 from .stack import Recipe, StackSpec
 
 # classifier_pooling -> the pool of a sequence classifier, and of a multiple-choice scorer (whose choices may
@@ -103,6 +104,15 @@ def modernbert_recipe(config) -> Recipe:
 class FivefoldModernBertPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldModernBertConfig
     recipe = staticmethod(modernbert_recipe)
+
+    def post_init(self) -> None:
+        # Stock's truncated normals: inputs at initializer_range, the residual outputs smaller by 1/sqrt(2 layers).
+        c = self.config
+        cutoff = c.initializer_cutoff_factor or 3.0
+        inputs = WeightInit(c.initializer_range, cutoff)
+        outputs = WeightInit(c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers), cutoff)
+        mark_projections(self, query=inputs, key_value=inputs, attn_out=outputs, mlp_in=inputs, mlp_out=outputs)
+        super().post_init()
 
 
 class FivefoldModernBertModel(FivefoldModernBertPreTrainedModel, EncoderModel):

@@ -41,16 +41,19 @@ class FivefoldPreTrainedModel(PreTrainedModel):
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
-    # a head's linear that its recipe gives a `WeightInit` (ModernBERT's, as stock scales them) from that.
+    # a module marked with a `WeightInit` (ModernBERT's heads, T5's projections, as stock scales them) from that.
     # It is guarded, so it never overwrites a loaded tensor. Non-persistent buffers are rebuilt below: meta
     # loading leaves them as uninitialised memory.
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if (weight_init := getattr(module, "weight_init", None)) is not None:  # a head's role-scaled std
-            bound = weight_init.cutoff * weight_init.std
-            init.trunc_normal_(module.weight, mean=0.0, std=weight_init.std, a=-bound, b=bound)
-            if module.bias is not None:
+        if (weight_init := getattr(module, "weight_init", None)) is not None:  # a role-scaled std
+            if weight_init.cutoff is None:
+                init.normal_(module.weight, mean=0.0, std=weight_init.std)
+            else:
+                bound = weight_init.cutoff * weight_init.std
+                init.trunc_normal_(module.weight, mean=0.0, std=weight_init.std, a=-bound, b=bound)
+            if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))

@@ -11,7 +11,7 @@ from torch import nn
 from transformers import initialization as init
 
 from ..configuration.t5 import FivefoldT5Config
-from .attention import Attention, AttentionSpec
+from .attention import AttentionSpec
 from .block import BlockSpec
 from .embeddings import EmbeddingSpec
 from .encoder_decoder import (
@@ -22,8 +22,9 @@ from .encoder_decoder import (
     EncoderDecoderStack,
     EncoderOnlyModel,
 )
-from .feedforward import DenseFeedForward, FeedForwardSpec, GatedFeedForward
+from .feedforward import FeedForwardSpec
 from .heads import HeadSpec
+from .initialization import WeightInit, mark_projections, with_init
 from .norms import RMSNorm
 from .relative_position import RelativeBiasSpec, RelativePositionBias
 from .stack import StackSpec
@@ -93,28 +94,33 @@ class FivefoldT5PreTrainedModel(EncoderDecoderPreTrainedModel):
         r"^(encoder|decoder)\.embed_tokens\.": r"\1.embeddings.word_embeddings.",
     }
 
-    def _init_weights(self, module: nn.Module) -> None:
-        """T5's scales (mesh-tensorflow): unit embeddings, projections by fan-in, scaled by `initializer_factor`."""
-        super()._init_weights(module)
+    def post_init(self) -> None:
+        """T5's scales (mesh-tensorflow): unit embeddings, projections by fan-in, scaled by `initializer_factor`.
+        Each projection is marked with its scale before initialisation, which reaches a layer's children before
+        the layer (and never redraws a tensor once drawn)."""
         c, factor = self.config, self.config.initializer_factor
+        fan_in_model, fan_in_ff = WeightInit(factor * c.d_model**-0.5), WeightInit(factor * c.d_ff**-0.5)
+        mark_projections(
+            self,
+            query=WeightInit(factor * (c.d_model * c.d_kv) ** -0.5),
+            key_value=fan_in_model,
+            attn_out=WeightInit(factor * (c.num_heads * c.d_kv) ** -0.5),
+            mlp_in=fan_in_model,
+            mlp_out=fan_in_ff,
+        )
+        for module in self.modules():
+            if isinstance(module, RelativePositionBias):
+                with_init(module.relative_attention_bias, fan_in_model)
+        super().post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        factor = self.config.initializer_factor
         if isinstance(module, RMSNorm):
             init.constant_(module.weight, factor)
-        elif isinstance(module, Attention):
-            inner = c.num_heads * c.d_kv
-            init.normal_(module.q_proj.weight, std=factor * (c.d_model * c.d_kv) ** -0.5)
-            init.normal_(module.k_proj.weight, std=factor * c.d_model**-0.5)
-            init.normal_(module.v_proj.weight, std=factor * c.d_model**-0.5)
-            init.normal_(module.o_proj.weight, std=factor * inner**-0.5)
-        elif isinstance(module, (DenseFeedForward, GatedFeedForward)):
-            for inner in (getattr(module, "gate_proj", None), module.up_proj):
-                if inner is not None:
-                    init.normal_(inner.weight, std=factor * c.d_model**-0.5)
-            init.normal_(module.down_proj.weight, std=factor * c.d_ff**-0.5)
-        elif isinstance(module, RelativePositionBias):
-            init.normal_(module.relative_attention_bias.weight, std=factor * c.d_model**-0.5)
-        elif isinstance(module, nn.Embedding):
+        elif isinstance(module, nn.Embedding) and getattr(module, "weight_init", None) is None:
             init.normal_(module.weight, std=factor)
-        elif isinstance(module, EncoderDecoderForConditionalGeneration) and not c.scale_decoder_outputs:
+        elif isinstance(module, EncoderDecoderForConditionalGeneration) and not self.config.scale_decoder_outputs:
             init.normal_(module.lm_head.weight, std=factor)
 
 
