@@ -1,6 +1,6 @@
 """Summarisation: a small T5 trained from scratch on `aclsum` (ACL papers' abstracts -> their short summaries of
 challenge, approach and outcome), ROUGE-1/2/L on the test papers, beside a lead baseline (the abstract's first two
-sentences). No pre-trained T5 can be had offline, so this T5 starts from random weights and learns from 100
+sentences). No pre-trained T5 can be had offline, so this T5 starts from random weights and learns from 150
 papers only: expect ROUGE well below the baseline; the example shows the seq2seq path end to end, not a good
 summariser. It uses MiniLM's WordPiece vocabulary ([SEP] as end of sequence), as no T5 tokenizer ships offline.
 
