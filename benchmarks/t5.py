@@ -54,6 +54,21 @@ def bench(fields: dict, runs: int, new_tokens: int, enc_shape: tuple, gen_shape:
     return rows
 
 
+def results(rows: list[list[str]], model_name: str) -> list[dict]:
+    """The rows in benchmarks/charts.py's format."""
+    return [
+        {
+            "architecture": "T5",
+            "benchmark": f"{model_name}, {task}",
+            "unit": "tokens/s",
+            "higher_is_better": True,
+            "stock": float(s.replace(",", "")),
+            "fivefold": float(f.replace(",", "")),
+        }
+        for task, s, f, *_ in rows
+    ]
+
+
 def main() -> None:
     args = parse(command_line(__doc__))
     fields, model_name = size("t5", "google-t5/t5-small", args.quick)
@@ -63,7 +78,7 @@ def main() -> None:
     rows = bench(fields, args.runs, new_tokens, enc_shape, gen_shape)
     header = ["task", "stock tok/s", "fivefold tok/s", "ratio", "check"]
     lines = [machine_line(f"{model_name}, fp32, sdpa, median of {args.runs}"), "", *table(header, rows)]
-    write_report(lines, args.out, args.json)
+    write_report(lines, args.out, args.json, results(rows, model_name))
 
 
 if __name__ == "__main__":
