@@ -1,8 +1,9 @@
 """Role-scaled initialisation: where an architecture's stock draws a fresh weight with a std of its own (T5's
 fan-in scales, GPT-2's and ModernBERT's smaller residual outputs, ModernBERT's truncated heads), the module is
 marked with a `WeightInit` before the model initialises, and FivefoldPreTrainedModel._init_weights draws it from
-that. A mark, not a layer-level rule: transformers initialises a layer's children before the layer and never
-redraws a tensor, so a rule on the layer would come too late."""
+that. A mark on the module that holds the weight, not a rule on the layer around it: for code outside the
+transformers package, transformers' `_initialize_weights` skips every module that holds no parameter of its own
+(an attention, a feed-forward, a block), so `_init_weights` never sees those layers."""
 
 from dataclasses import dataclass
 

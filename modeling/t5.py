@@ -96,8 +96,8 @@ class FivefoldT5PreTrainedModel(EncoderDecoderPreTrainedModel):
 
     def post_init(self) -> None:
         """T5's scales (mesh-tensorflow): unit embeddings, projections by fan-in, scaled by `initializer_factor`.
-        Each projection is marked with its scale before initialisation, which reaches a layer's children before
-        the layer (and never redraws a tensor once drawn)."""
+        Each projection is marked with its scale before initialisation (initialization.py says why a rule on the
+        attention or feed-forward layer would never run)."""
         c, factor = self.config, self.config.initializer_factor
         fan_in_model, fan_in_ff = WeightInit(factor * c.d_model**-0.5), WeightInit(factor * c.d_ff**-0.5)
         mark_projections(
