@@ -7,20 +7,29 @@ ONNX Runtime runs the stock model exported (TorchScript exporter, eager attentio
 rewritten by ORT's BERT optimizer (fused attention, embedding and skip layer norms, bias GELU), with every graph
 optimisation on, 2 intra-op threads and spinning off; it runs fp32 only (its CPU provider has no bf16 kernels for
 these ops). Reports real (non-pad) tokens/s, ratios against stock in the same dtype, against ORT fp32 and against
-fivefold fp32, and the max abs difference of the non-pad outputs from stock fp32. With --json the tables come as
-JSON too (harness.report_json).
+fivefold fp32, the share of the GEMM peak each reaches, and the max abs difference of the non-pad outputs from stock
+fp32. The GEMM peak is measured first, per dtype: the fastest of aten's and oneDNN's matmul on a 1024-row linear of
+the model's FFN shape. A contender's share is the multiply-adds of its linears (counted by torch's FlopCounterMode on
+its own forward: unpadded, fivefold counts only real tokens; ORT runs stock's padded graph) per second over that
+peak. With --json the tables come as JSON too (harness.report_json).
 
     python benchmarks/encoders.py                       # bert-, roberta- and ModernBERT-base, markdown to stdout
     python benchmarks/encoders.py --archs bert --runs 7 --out results.md --json results.json
     python benchmarks/encoders.py --quick               # tiny models and batches: a smoke test in seconds
 """
 
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 import transformers
 from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from fivefold.modeling.linear import ONEDNN_DTYPES
 
 # model type -> the stock class timed and the public checkpoint whose size it has
 ARCHITECTURE = {"bert": "BERT", "roberta": "RoBERTa", "modernbert": "ModernBERT"}  # as the docs' charts name them
@@ -102,6 +111,36 @@ def onnxruntime_model(found, inputs: dict, folder: str) -> tuple[object, str]:
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LINEAR_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+
+
+def gemm_peak(dtype: torch.dtype, hidden: int, inner: int, rows: int = 1024, repeats: int = 7) -> float:
+    """FLOP/s of the fastest matmul here for a [rows, hidden] x [hidden, inner] linear in `dtype`: aten's, and
+    oneDNN's where this CPU runs it in that dtype (the op fivefold's linears use)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    w = torch.randn(inner, hidden, generator=gen).to(dtype)
+    ops = [lambda: F.linear(x, w)]
+    if dtype in ONEDNN_DTYPES:
+        ops.append(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+    best = 0.0
+    with torch.inference_mode():
+        for op in ops:
+            op()
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                op()
+                seconds.append(time.perf_counter() - start)
+            best = max(best, 2 * rows * hidden * inner / statistics.median(seconds))
+    return best
+
+
+def linear_flops(call) -> int:
+    """The FLOPs of the matmuls one call runs (2 per multiply-add), as torch's FlopCounterMode counts them."""
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        call()
+    return sum(n for op, n in counter.get_flop_counts()["Global"].items() if str(op) in LINEAR_OPS)
 
 
 def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], ort: bool) -> tuple[list, list, list]:
@@ -119,6 +158,8 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             runtime, fused = onnxruntime_model(found, next(iter(all_batches.values())), folder)
             notes.append(f"{name}: onnxruntime {'fused ' + fused if runtime else 'skipped: ' + fused}")
         reference = found.load_stock()
+        peaks = {name: gemm_peak(DTYPES[name], config.hidden_size, config.intermediate_size) for name in dtypes}
+        notes += [f"{name}: GEMM peak {n}: {peak / 1e9:,.0f} GFLOP/s" for n, peak in peaks.items()]
         loaded = {}  # dtype -> contender -> model, loaded once for both batches
         for dtype_name in dtypes:
             dtype = DTYPES[dtype_name]
@@ -140,6 +181,9 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                     diffs = {k: float((expected - call().float())[real].abs().max()) for k, call in calls.items()}
                     times = alternate(calls, runs)
                 speed = {k: tokens / t.median for k, t in times.items()}
+                flops = {k: linear_flops(call) for k, call in calls.items() if k != "onnxruntime"}
+                flops["onnxruntime"] = flops["stock"]  # stock's graph, exported
+                share = {k: flops[k] / t.median / peaks[dtype_name] for k, t in times.items()}
                 if dtype == torch.float32:
                     fivefold_fp32 = speed["fivefold"]
                     ort_fp32 = speed.get("onnxruntime")
@@ -152,7 +196,8 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                     vs_ort = f"{speed[k] / ort_fp32:.2f}x" if ort and ort_fp32 and k != "onnxruntime" else "-"
                     vs_fp32 = f"{speed[k] / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
                     cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
-                    rows.append([*cells, f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{diffs[k]:.1e}"])
+                    cells += [f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{share['stock']:.0%}"]
+                    rows.append([*cells, f"{share[k]:.0%}", f"{diffs[k]:.1e}"])
     return rows, notes, results
 
 
@@ -164,7 +209,8 @@ def main() -> None:
     parser.add_argument("--no-ort", dest="ort", action="store_false", help="leave ONNX Runtime out")
     args = parse(parser)
     header = ["model", "batch", "dtype", "contender", "real tokens", "stock tok/s", "tok/s", "vs stock"]
-    header += ["vs ORT fp32", "vs fivefold fp32", "max abs diff vs stock fp32"]
+    header += ["vs ORT fp32", "vs fivefold fp32", "stock GEMM-peak share", "GEMM-peak share"]
+    header += ["max abs diff vs stock fp32"]
     rows, notes, results = [], [], []
     for arch in args.archs:
         arch_rows, arch_notes, arch_results = bench(arch, args.runs, args.quick, args.padded, args.dtypes, args.ort)

@@ -135,8 +135,8 @@ def packed_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Variable-length attention over packed sequences -> ([1, N, H, D], no weights): flash-attention's varlen
-    kernel when a flash implementation is selected, otherwise one sdpa call per sequence (measured fastest on CPU,
-    see benchmarks/encoders.py)."""
+    kernel when a flash implementation is selected, otherwise sdpa per sequence, in blocks of queries under a sliding
+    window (`PackedSequences.attention_blocks`; measured fastest on CPU, see benchmarks/encoders.py)."""
     implementation = module.config._attn_implementation
     if is_flash_attention_requested(requested_attention_implementation=implementation):
         return ALL_ATTENTION_FUNCTIONS[implementation](
@@ -157,15 +157,16 @@ def packed_attention(
     grouped = query.shape[1] != key.shape[1]
     outs = [
         F.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
-            attn_mask=packed.band_mask(s, e),
+            query[:, :, queries],
+            key[:, :, keys],
+            value[:, :, keys],
+            attn_mask=mask,
             dropout_p=dropout,
             scale=scaling,
             enable_gqa=grouped,
         )
         for s, e in packed.bounds
+        for queries, keys, mask in packed.attention_blocks(s, e)
     ]
     return torch.cat(outs, dim=2).transpose(1, 2), None
 

@@ -126,8 +126,30 @@ def test_packing_helpers_round_trip():
     assert torch.equal(packed.pad(flat), x * mask[..., None])
     assert packed.unpad(torch.arange(4)[None]).tolist() == [[0, 1, 2, 1, 2, 0, 1, 2, 3]]  # [1, T] broadcast
     windowed = packed.with_window(1)
-    assert windowed.band_mask(0, 3).tolist() == [[True, True, False], [True, True, True], [False, True, True]]
-    assert windowed.band_mask(3, 5) is None and packed.band_mask(5, 9) is None  # the window covers it; no window
+    ((queries, keys, band),) = windowed.attention_blocks(0, 3)
+    assert (queries, keys) == (slice(0, 3), slice(0, 3))
+    assert band.tolist() == [[True, True, False], [True, True, True], [False, True, True]]
+    assert windowed.attention_blocks(3, 5)[0][2] is None  # the window covers the sequence
+    assert packed.attention_blocks(5, 9) == ((slice(5, 9), slice(5, 9), None),)  # no window
+
+
+def test_a_sequence_longer_than_four_windows_attends_in_blocks():
+    """Blocks of `window` queries, each over the keys a window either side: together exactly the band."""
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, :4] = 0  # left padding: positions start at 4
+    packed = PackedSequences.from_mask(mask).with_window(3)
+    for start, end in packed.bounds:
+        blocks = packed.attention_blocks(start, end)
+        assert [(q.start, q.stop) for q, _, _ in blocks] == [(q, min(q + 3, end)) for q in range(start, end, 3)]
+        assert all(k.start == max(start, q.start - 3) and k.stop == min(end, q.stop + 3) for q, k, _ in blocks)
+        full = torch.zeros(end - start, end - start, dtype=torch.bool)
+        for queries, keys, band in blocks:
+            rows = slice(queries.start - start, queries.stop - start)
+            full[rows, keys.start - start : keys.stop - start] = True if band is None else band
+        pos = packed.columns[start:end]
+        assert torch.equal(full, (pos[:, None] - pos[None, :]).abs() <= 3)
+    short = PackedSequences.from_mask(torch.ones(1, 12, dtype=torch.long)).with_window(3)
+    assert len(short.attention_blocks(0, 12)) == 1  # four windows or fewer: one block
 
 
 def test_flash_kernels_get_varlen_arguments(converted, monkeypatch):
