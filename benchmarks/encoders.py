@@ -1,17 +1,18 @@
 """Encoder forward speed, fivefold vs stock transformers and ONNX Runtime, on identical weights at the public sizes.
 
-All contenders are timed alternately in one process on the same inputs: a full batch (8 x 128) and a ragged batch
-(16 sequences, lengths uniform in 16..512, fixed seed, padded to the longest), in fp32 and in bf16. fivefold runs as
-loaded, i.e. unpadded on the ragged batch (config.unpad_inputs, on by default); `--padded` adds a row with it off.
-ONNX Runtime runs the stock model exported (TorchScript exporter, eager attention, dynamic batch and length) and
-rewritten by ORT's BERT optimizer (fused attention, embedding and skip layer norms, bias GELU), with every graph
-optimisation on, 2 intra-op threads and spinning off; it runs fp32 only (its CPU provider has no bf16 kernels for
-these ops). Reports real (non-pad) tokens/s, ratios against stock in the same dtype, against ORT fp32 and against
-fivefold fp32, the share of the GEMM peak each reaches, and the max abs difference of the non-pad outputs from stock
-fp32. The GEMM peak is measured before and after each batch is timed, per dtype: the fastest call of aten's and
-oneDNN's matmul on a 4096-row linear of the model's FFN shape. A contender's share is the multiply-adds of its
-linears (counted by torch's FlopCounterMode on its own forward: unpadded, fivefold counts only real tokens; ORT runs
-stock's padded graph) per second over that peak. With --json the tables come as JSON too (harness.report_json).
+All contenders, in both dtypes, are timed alternately in one process on the same inputs, so that a change in the
+machine's speed hits every ratio alike: a full batch (8 x 128) and a ragged batch (16 sequences, lengths uniform in
+16..512, fixed seed, padded to the longest), in fp32 and in bf16. fivefold runs as loaded, i.e. unpadded on the
+ragged batch (config.unpad_inputs, on by default); `--padded` adds a row with it off. ONNX Runtime runs the stock
+model exported (TorchScript exporter, eager attention, dynamic batch and length) and rewritten by ORT's BERT
+optimizer (fused attention, embedding and skip layer norms, bias GELU), with every graph optimisation on, 2 intra-op
+threads and spinning off; it runs fp32 only (its CPU provider has no bf16 kernels for these ops). Reports real (non-
+pad) tokens/s, ratios against stock in the same dtype, against ORT fp32 and against fivefold fp32, the share of the
+GEMM peak each reaches, and the max abs difference of the non-pad outputs from stock fp32. The GEMM peak is measured
+before and after each batch is timed, per dtype: the fastest call of aten's and oneDNN's matmul on a 4096-row linear
+of the model's FFN shape. A contender's share is the multiply-adds of its linears (counted by torch's
+FlopCounterMode on its own forward: unpadded, fivefold counts only real tokens; ORT runs stock's padded graph) per
+second over that peak. With --json the tables come as JSON too (harness.report_json).
 
     python benchmarks/encoders.py                    # bert-, roberta-, ModernBERT-base, real MiniLM: markdown to stdout
     python benchmarks/encoders.py --archs bert --runs 7 --out results.md --json results.json
@@ -192,36 +193,43 @@ def bench(arch: str, runs: int, quick: bool, padded: bool, dtypes: list[str], or
             real = inputs["attention_mask"].bool()
             with torch.inference_mode():
                 expected = reference(**inputs).last_hidden_state
-            fivefold_fp32 = None
+            calls = {  # (dtype, contender) -> a forward; every dtype's contenders alternate in one loop
+                (dtype_name, k): (lambda m=m, x=inputs: m(**x).last_hidden_state)
+                for dtype_name in dtypes
+                for k, m in loaded[dtype_name].items()
+            }
+            if runtime is not None and "fp32" in dtypes:
+                calls["fp32", "onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
+            peak = {d: gemm_peak(DTYPES[d], config.hidden_size, config.intermediate_size) for d in dtypes}
+            with torch.inference_mode():
+                diffs = {key: float((expected - call().float())[real].abs().max()) for key, call in calls.items()}
+                times = alternate(calls, runs)
+            for d in dtypes:
+                peak[d] = max(peak[d], gemm_peak(DTYPES[d], config.hidden_size, config.intermediate_size))
+                peaks[d] = max(peak[d], peaks.get(d, 0.0))
+            speed = {key: tokens / t.median for key, t in times.items()}
+            flops = {key: linear_flops(call) for key, call in calls.items() if key[1] != "onnxruntime"}
+            if ("fp32", "onnxruntime") in calls:
+                flops["fp32", "onnxruntime"] = flops["fp32", "stock"]  # stock's graph, exported
+            share = {key: flops[key] / t.median / peak[key[0]] for key, t in times.items()}
+            ort_fp32, fivefold_fp32 = speed.get(("fp32", "onnxruntime")), speed.get(("fp32", "fivefold"))
             for dtype_name in dtypes:
-                dtype = DTYPES[dtype_name]
-                calls = {k: (lambda m=m, x=inputs: m(**x).last_hidden_state) for k, m in loaded[dtype_name].items()}
-                if runtime is not None and dtype == torch.float32:
-                    calls["onnxruntime"] = lambda x=inputs: runtime(x["input_ids"], x["attention_mask"])
-                peak = gemm_peak(dtype, config.hidden_size, config.intermediate_size)
-                with torch.inference_mode():
-                    diffs = {k: float((expected - call().float())[real].abs().max()) for k, call in calls.items()}
-                    times = alternate(calls, runs)
-                peak = max(peak, gemm_peak(dtype, config.hidden_size, config.intermediate_size))
-                peaks[dtype_name] = max(peak, peaks.get(dtype_name, 0.0))
-                speed = {k: tokens / t.median for k, t in times.items()}
-                flops = {k: linear_flops(call) for k, call in calls.items() if k != "onnxruntime"}
-                flops["onnxruntime"] = flops["stock"]  # stock's graph, exported
-                share = {k: flops[k] / t.median / peak for k, t in times.items()}
-                if dtype == torch.float32:
-                    fivefold_fp32 = speed["fivefold"]
-                    ort_fp32 = speed.get("onnxruntime")
+                stock = speed[dtype_name, "stock"]
                 result = {"architecture": ARCHITECTURE[arch], "benchmark": f"{name}, {batch}, {dtype_name}"}
-                result.update(unit="tokens/s", higher_is_better=True, stock=speed["stock"], fivefold=speed["fivefold"])
-                results.append({**result, **({"onnxruntime": speed["onnxruntime"]} if "onnxruntime" in speed else {})})
-                for k in calls:
-                    if k == "stock":
+                ours = speed[dtype_name, "fivefold"]
+                result.update(unit="tokens/s", higher_is_better=True, stock=stock, fivefold=ours)
+                if dtype_name == "fp32" and ort_fp32:
+                    result["onnxruntime"] = ort_fp32
+                results.append(result)
+                for d, k in calls:
+                    if d != dtype_name or k == "stock":
                         continue
-                    vs_ort = f"{speed[k] / ort_fp32:.2f}x" if ort and ort_fp32 and k != "onnxruntime" else "-"
-                    vs_fp32 = f"{speed[k] / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
-                    cells = [name, batch, dtype_name, k, str(tokens), f"{speed['stock']:,.0f}", f"{speed[k]:,.0f}"]
-                    cells += [f"{speed[k] / speed['stock']:.2f}x", vs_ort, vs_fp32, f"{share['stock']:.0%}"]
-                    rows.append([*cells, f"{share[k]:.0%}", f"{diffs[k]:.1e}"])
+                    rate = speed[d, k]
+                    vs_ort = f"{rate / ort_fp32:.2f}x" if ort_fp32 and k != "onnxruntime" else "-"
+                    vs_fp32 = f"{rate / fivefold_fp32:.2f}x" if fivefold_fp32 and k.startswith("fivefold") else "-"
+                    cells = [name, batch, d, k, str(tokens), f"{stock:,.0f}", f"{rate:,.0f}", f"{rate / stock:.2f}x"]
+                    cells += [vs_ort, vs_fp32, f"{share[d, 'stock']:.0%}", f"{share[d, k]:.0%}", f"{diffs[d, k]:.1e}"]
+                    rows.append(cells)
     notes += [f"{name}: GEMM peak {dtype}: {peak / 1e9:,.0f} GFLOP/s" for dtype, peak in peaks.items()]
     return rows, notes, results
 
