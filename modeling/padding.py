@@ -107,12 +107,12 @@ class PackedSequences:
         """One sequence's attention (packed tokens start..end) as blocks of queries, each over the keys its window
         can reach: (queries, keys, bool mask over them, None where it hides nothing). A sequence longer than four
         windows splits into blocks of `window` queries, each over the keys up to a window before and after it:
-        the scores the band hides are then never computed (on CPU about half the attention time of a 512-token
-        sequence with ModernBERT's window, benchmarks/encoders.py). Keys further away by index are further away by
-        position too: a row's positions grow with its tokens' index."""
+        the scores the band hides are then never computed (on CPU 40-45% less attention time for a 512-token
+        sequence under ModernBERT's window). Keys further away by index are further away by position too: a row's
+        positions grow with its tokens' index."""
         if (start, end) not in self._blocks:
             w, length = self.window, end - start
-            step = w if w is not None and length > 4 * w else length
+            step = w if w and length > 4 * w else length  # a window of 0 or None: one block
             blocks = []
             for q in range(start, end, step):
                 queries = slice(q, min(q + step, end))

@@ -150,6 +150,7 @@ def test_a_sequence_longer_than_four_windows_attends_in_blocks():
         assert torch.equal(full, (pos[:, None] - pos[None, :]).abs() <= 3)
     short = PackedSequences.from_mask(torch.ones(1, 12, dtype=torch.long)).with_window(3)
     assert len(short.attention_blocks(0, 12)) == 1  # four windows or fewer: one block
+    assert len(short.with_window(0).attention_blocks(0, 12)) == 1  # a window of 0: one block, its diagonal band
 
 
 def test_flash_kernels_get_varlen_arguments(converted, monkeypatch):
