@@ -22,7 +22,7 @@ second over that peak. With --json the tables come as JSON too (harness.report_j
 import importlib.util
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -155,7 +155,7 @@ def gemm_peak(dtype: torch.dtype, hidden: int, inner: int, rows: int = 4096, rep
     return 2 * rows * hidden * inner / fastest
 
 
-def linear_flops(call) -> int:
+def linear_flops(call: Callable[[], object]) -> int:
     """The FLOPs of the matmuls one call runs (2 per multiply-add), as torch's FlopCounterMode counts them."""
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         call()
