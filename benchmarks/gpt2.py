@@ -4,7 +4,10 @@ GPT-2 124M (random init, fixed seed), batch 1, a 32-token prompt, 64 new tokens,
 fivefold are timed alternately in one process. Reports tokens/s of the whole `generate` call and the ratio to stock
 in the same dtype, the time of one decoding step (from generating 64 tokens minus generating 1, so the prompt's
 prefill cancels), and the floor of a step: the bytes of weights a step reads (in the model's dtype: bf16 is half)
-divided by the memory bandwidth measured here (a sum over a large tensor).
+divided by the memory bandwidth measured here (a sum over a large tensor). Two more times split a step against
+that floor: its matmul layers alone (each of a step's linears, or stock's Conv1D, on one row, back to back: what the
+kernel costs), and a sum over each of those weights in the same order (what reading them in those pieces costs
+without a matmul). A step's time less its linears' is everything else (attention, norms, the cache, Python).
 A third row runs fivefold with oneDNN turned off (`torch.backends.mkldnn.flags(enabled=False)`), so that its linears
 take aten's matmul as stock's do: it separates the kernel's gain from the rest. The generated fp32 tokens must be
 identical; the bf16 ones are compared with stock bf16's and reported.
@@ -19,6 +22,7 @@ import statistics
 import torch
 import transformers
 from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
+from transformers.pytorch_utils import Conv1D
 
 
 def read_bandwidth(gib: float, repeats: int = 5) -> float:
@@ -36,6 +40,39 @@ def weight_bytes_per_step(model: torch.nn.Module, config) -> int:
     width = next(iter(unique)).element_size()
     positions = config.n_positions * config.n_embd * width
     return total - positions + config.n_embd * width
+
+
+def matmul_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.Tensor]]:
+    """Each layer a decoding step multiplies by (linears, stock's Conv1D, the tied LM head) in the model's order,
+    with a one-row input of its width and dtype."""
+    found = []
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear | Conv1D):
+            width = layer.in_features if isinstance(layer, torch.nn.Linear) else layer.nx
+            found.append((layer, torch.randn(1, 1, width, dtype=layer.weight.dtype)))
+    return found
+
+
+PASSES = 4  # over all the weights per timed call: one pass is tens of milliseconds, too short to time alone
+
+
+def linears_alone(layers: list[tuple[torch.nn.Module, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for _ in range(PASSES):
+            for layer, x in layers:
+                layer(x)
+
+
+def linears_alone_without_onednn(layers: list[tuple[torch.nn.Module, torch.Tensor]]) -> None:
+    with torch.backends.mkldnn.flags(enabled=False):
+        linears_alone(layers)
+
+
+def weight_sums(layers: list[tuple[torch.nn.Module, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for _ in range(PASSES):
+            for layer, _x in layers:
+                layer.weight.sum()
 
 
 def generate(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -76,15 +113,19 @@ def main() -> None:
         identical = all(torch.equal(outputs["stock"], out) for k, out in outputs.items() if "bf16" not in k)
         # bf16 rounds differently from fp32 (and oneDNN's bf16 sums from aten's): reported, not required
         identical_bf16 = torch.equal(outputs["stock bf16"], outputs["fivefold bf16"])
+        layers = {label: matmul_layers(model) for label, (model, _) in contenders.items()}
+        alone = {k: linears_alone_without_onednn if "oneDNN off" in k else linears_alone for k in contenders}
         # In turn, each contender generates all the new tokens, then one: the difference is the decoding steps.
-        times = alternate(
-            {
-                (label, n): (lambda model=model, run=run, n=n: run(model, prompt, n))
-                for label, (model, run) in contenders.items()
-                for n in (new, 1)
-            },
-            args.runs,
-        )
+        runs = {
+            (label, n): (lambda model=model, run=run, n=n: run(model, prompt, n))
+            for label, (model, run) in contenders.items()
+            for n in (new, 1)
+        }
+        for label in contenders:
+            runs[label, "linears"] = lambda label=label: alone[label](layers[label])
+        for label in ("stock", "stock bf16"):  # a model's weights, in its dtype: fivefold's are the same bytes
+            runs[label, "sums"] = lambda label=label: weight_sums(layers[label])
+        times = alternate(runs, args.runs)
 
     bandwidth = read_bandwidth(0.125 if args.quick else 1.0)
     weight_bytes = {k: weight_bytes_per_step(model, config) for k, (model, _) in contenders.items()}
@@ -95,11 +136,14 @@ def main() -> None:
         tps = new / times[label, new].median
         steps = [(a - b) / (new - 1) for a, b in zip(times[label, new].seconds, times[label, 1].seconds, strict=True)]
         step_ms = statistics.median(steps) * 1e3
+        linears_ms = times[label, "linears"].median / PASSES * 1e3
+        sums_ms = times[baseline, "sums"].median / PASSES * 1e3
         ratio = tps / (new / times[baseline, new].median)
-        cells = [f"{label} ({model_name})", f"{tps:.1f}", f"{ratio:.2f}x", f"{step_ms:.1f}", f"{floor_ms[label]:.1f}"]
-        rows.append([*cells, f"{step_ms / floor_ms[label]:.2f}x"])
-    header = ["model", "generate tok/s", "ratio vs stock (same dtype)", "ms per decoding step", "floor ms"]
-    header.append("step / floor")
+        cells = [f"{label} ({model_name})", f"{tps:.1f}", f"{ratio:.2f}x", f"{step_ms:.1f}", f"{linears_ms:.1f}"]
+        cells += [f"{sums_ms:.1f}", f"{floor_ms[label]:.1f}", f"{step_ms / floor_ms[label]:.2f}x"]
+        rows.append([*cells, f"{linears_ms / floor_ms[label]:.2f}x"])
+    header = ["model", "generate tok/s", "ratio vs stock (same dtype)", "ms per decoding step", "linears alone ms"]
+    header += ["weight sums ms", "floor ms", "step / floor", "linears / floor"]
     lines = [
         machine_line(f"sdpa, batch 1, prompt {args.prompt}, {new} new tokens, greedy, median of {args.runs}"),
         f"weights read per decoding step: {weight_bytes['stock'] / 1e6:.0f} MB fp32, "
