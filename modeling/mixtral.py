@@ -22,7 +22,8 @@ from .decoder import (
 )
 from .embeddings import EmbeddingSpec
 from .heads import HeadSpec
-from .moe import MoESpec, RouterLogits, load_balancing_loss, router_z_loss
+from .moe import MoESpec, load_balancing_loss, router_z_loss
+from .routers import RouterLogits
 from .stack import Recipe, StackSpec
 
 
