@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .expert_paths import weighted_experts
-from .feedforward import FeedForwardSpec, GatedFeedForward
+from .feedforward import ClampedSwiGLU, FeedForwardSpec, GatedFeedForward
 from .tracing import tracing
 
 
@@ -32,10 +32,19 @@ class MoESpec:
     activation: str = "silu"  # SwiGLU experts
     jitter_noise: float = 0.0  # in training, inputs scaled by U(1 - noise, 1 + noise), as in Mixtral
     kind: str = "moe"  # its key in feedforward.FEEDFORWARDS, so that a block builds it like any feed-forward
+    routing: str = "softmax_top_k"  # key in ROUTINGS: how router logits become each token's experts and weights
+    router_bias: bool = False
+    expert: str = "gated"  # key in EXPERTS
+    expert_bias: bool = False
+    swiglu_limit: float | None = None  # the clamped SwiGLU's bound and gain (expert="clamped_swiglu")
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+        for name, table in (("routing", ROUTINGS), ("expert", EXPERTS)):
+            if getattr(self, name) not in table:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(sorted(table))}")
 
 
 class TopKRouter(nn.Linear):
@@ -43,13 +52,15 @@ class TopKRouter(nn.Linear):
     that tools adapting linear layers reach it (LoRA's "all-linear" adapts stock's router too); the routing is
     `top_k_routing` on its scores."""
 
-    def __init__(self, hidden_size: int, num_experts: int):
-        super().__init__(hidden_size, num_experts, bias=False)
+    def __init__(self, hidden_size: int, num_experts: int, bias: bool = False):
+        super().__init__(hidden_size, num_experts, bias=bias)
 
     def reset_parameters(self) -> None:
         # A model initialises it by role (`_init_weights`); here it only starts finite, drawing no random numbers,
         # so that building a model consumes the random stream exactly as a model with a bare router parameter.
         nn.init.zeros_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
 
 class RouterLogits(nn.Identity):
@@ -65,22 +76,42 @@ def top_k_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch
     return weights / weights.sum(dim=-1, keepdim=True), experts
 
 
+def top_k_then_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing: the k largest logits (the router's bias included), a softmax over those k alone.
+    logits [N, E] -> weights [N, R] fp32, experts [N, R]."""
+    values, experts = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(values.float(), dim=-1), experts
+
+
+ROUTINGS = {"softmax_top_k": top_k_routing, "top_k_softmax": top_k_then_softmax}
+EXPERTS: dict[str, type[nn.Module]] = {"gated": GatedFeedForward, "clamped_swiglu": ClampedSwiGLU}
+
+
 class MixtureOfExperts(nn.Module):
     def __init__(self, spec: MoESpec):
         super().__init__()
         self.top_k = spec.top_k
         self.jitter_noise = spec.jitter_noise
-        self.router = TopKRouter(spec.hidden_size, spec.num_experts)
+        self.router = TopKRouter(spec.hidden_size, spec.num_experts, bias=spec.router_bias)
         self.router_logits = RouterLogits()
-        expert = FeedForwardSpec("gated", spec.hidden_size, spec.expert_size, spec.activation, bias=False)
-        self.experts = nn.ModuleList(GatedFeedForward(expert) for _ in range(spec.num_experts))
+        self.routing = ROUTINGS[spec.routing]
+        expert = FeedForwardSpec(
+            spec.expert,
+            spec.hidden_size,
+            spec.expert_size,
+            spec.activation,
+            bias=spec.expert_bias,
+            limit=spec.swiglu_limit,
+            alpha=spec.swiglu_alpha,
+        )
+        self.experts = nn.ModuleList(EXPERTS[spec.expert](expert) for _ in range(spec.num_experts))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
         if self.training and self.jitter_noise > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
         logits = self.router_logits(self.router(x))  # [N, E], on the router's device (a device_map may choose it)
-        weights, experts = top_k_routing(logits, self.top_k)
+        weights, experts = self.routing(logits, self.top_k)
         return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
