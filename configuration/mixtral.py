@@ -6,7 +6,7 @@ from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
 from .parallel import tensor_parallel_plan
-from .validation import check_attention_heads, check_positive
+from .validation import check_attention_heads, check_grouped_heads_and_experts, check_positive
 
 
 @strict(accept_kwargs=True)
@@ -36,16 +36,7 @@ class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
             check_attention_heads(self)
         else:
             check_positive(self, "head_dim", "num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads}): each key/value head serves a whole group of query heads"
-            )
-        if self.num_experts_per_tok > self.num_local_experts:
-            raise ValueError(
-                f"num_experts_per_tok ({self.num_experts_per_tok}) must not exceed num_local_experts "
-                f"({self.num_local_experts})"
-            )
+        check_grouped_heads_and_experts(self)
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")

@@ -17,6 +17,21 @@ def check_attention_heads(config: Any) -> None:
         raise ValueError(f"hidden_size ({hidden}) must be a positive multiple of num_attention_heads ({heads})")
 
 
+def check_grouped_heads_and_experts(config: Any) -> None:
+    """A mixture-of-experts decoder's rules: key/value heads serve whole groups, no more experts per token than
+    there are."""
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"num_key_value_heads ({config.num_key_value_heads}) must divide num_attention_heads "
+            f"({config.num_attention_heads}): each key/value head serves a whole group of query heads"
+        )
+    if config.num_experts_per_tok > config.num_local_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({config.num_experts_per_tok}) must not exceed num_local_experts "
+            f"({config.num_local_experts})"
+        )
+
+
 def check_text_encoder(config: Any) -> None:
     """The BERT-family rules: sizes positive, heads divide the width, no decoder or cross-attention flags."""
     check_positive(

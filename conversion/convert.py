@@ -52,7 +52,7 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
 
 
 def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
-    src_dtype = {t: reader.dtype(step.sources[0]) for step in plan.steps for t in step.targets}
+    src_dtype = plan.target_dtypes(reader.dtype)
     sizes = []
     for key, shape in produced.items():
         dt = dtype if dtype is not None and src_dtype[key].is_floating_point else src_dtype[key]

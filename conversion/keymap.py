@@ -25,6 +25,7 @@ class Transform:
     apply: Callable[[list[torch.Tensor]], list[torch.Tensor]]
     shapes: Callable[[list[Shape]], list[Shape]]
     inverse_name: str
+    dtype: torch.dtype | None = None  # what its outputs are, whatever the sources' (a dequantization); None: theirs
 
 
 def _split_shapes(parts: int, dim: int) -> Callable[[list[Shape]], list[Shape]]:
@@ -129,6 +130,14 @@ class Plan:
             shapes = TRANSFORMS[step.transform].shapes([tuple(source_shapes[s]) for s in step.sources])
             out.update(zip(step.targets, shapes, strict=True))
         return out
+
+    def target_dtypes(self, source_dtype: Callable[[str], torch.dtype]) -> dict[str, torch.dtype]:
+        """Each target's dtype: its transform's, or its first source's."""
+        return {
+            t: TRANSFORMS[step.transform].dtype or source_dtype(step.sources[0])
+            for step in self.steps
+            for t in step.targets
+        }
 
     def run(self, step: Step, get: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
         tensors = TRANSFORMS[step.transform].apply([get(s) for s in step.sources])

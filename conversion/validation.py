@@ -189,7 +189,7 @@ def check_plan(
     produced shapes and the target's tied tensors ({copy: source})."""
     produced = plan.target_shapes(source_shapes)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
-    dtypes = {t: reader.dtype(source) for t, source in origin.items()} if reader is not None else None
+    dtypes = plan.target_dtypes(reader.dtype) if reader is not None else None
     return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes, source_shapes)
 
 

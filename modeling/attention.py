@@ -27,7 +27,9 @@ class AttentionSpec:
     scaling: float | None = None  # None: 1/sqrt(head_dim)
     positions: str = "absolute"  # key in POSITIONS: how queries and keys learn where they are
     rotary_theta: float | None = None  # the rotary base, for positions="rotary"
+    rope_type: str = "default"  # a scaled rotary (yarn, ...): transformers' rope function of that type sets it
     window: int | None = None  # a sliding window: keys at most this many positions from the query; None: all
+    sinks: bool = False  # a learned logit per head that joins every row's softmax and takes its share of nothing
 
     @property
     def per_head(self) -> int:
@@ -73,6 +75,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
         self.positions = POSITIONS[spec.positions]()
         self.rotary_theta = spec.rotary_theta  # the stack builds one (cos, sin) table per distinct base
+        # gpt-oss's attention sinks ([H], `s_aux` to the kernels); None: every row's weights sum to one.
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if spec.sinks else None
 
     def forward(
         self,
@@ -101,7 +105,9 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kernel for this call, then the output projection: [B, T, C] and the weights (eager only)."""
         b, _, t, _ = query.shape
-        out, weights = attention_kernel(self.config, attention_mask)(
+        if self.sinks is not None:
+            kwargs["s_aux"] = self.sinks
+        out, weights = attention_kernel(self.config, attention_mask, self.sinks is not None)(
             self,
             query,
             key,

@@ -22,13 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from .expert_paths import weighted_experts
-from .feedforward import FeedForwardSpec, GatedFeedForward
+from .feedforward import ClampedSwiGLU, FeedForwardSpec, GatedFeedForward
 from .linear import Linear
 from .routers import RouterLogits, TopKRouter, routing
 from .tracing import tracing
 
 # The kinds of routed expert, by name (`MoESpec.expert`): each built from a `FeedForwardSpec` of the expert's size.
-EXPERTS: dict[str, type[nn.Module]] = {"gated": GatedFeedForward}
+EXPERTS: dict[str, type[nn.Module]] = {"gated": GatedFeedForward, "clamped_swiglu": ClampedSwiGLU}
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class MoESpec:
     expert: str = "gated"  # key in EXPERTS
     expert_bias: bool = False
     shared_expert_size: int = 0  # > 0: a shared expert of this width beside the routed ones, with a sigmoid gate
+    swiglu_limit: float | None = None  # the clamped SwiGLU's bound and gain (expert="clamped_swiglu", gpt-oss)
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -55,7 +57,15 @@ class MoESpec:
             raise ValueError(f"unknown expert kind {self.expert!r}; valid: {', '.join(sorted(EXPERTS))}")
 
     def expert_spec(self, width: int) -> FeedForwardSpec:
-        return FeedForwardSpec(self.expert, self.hidden_size, width, self.activation, bias=self.expert_bias)
+        return FeedForwardSpec(
+            self.expert,
+            self.hidden_size,
+            width,
+            self.activation,
+            bias=self.expert_bias,
+            limit=self.swiglu_limit,
+            alpha=self.swiglu_alpha,
+        )
 
 
 class SharedExpert(nn.Module):

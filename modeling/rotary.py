@@ -5,6 +5,7 @@ Shapes: B batch, T time, H query heads, D head dim.
 
 import torch
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 def rotary_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -13,20 +14,36 @@ def rotary_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Turns position ids into the (cos, sin) pair every rotary attention layer of a stack shares."""
+    """Turns position ids into the (cos, sin) pair every rotary attention layer of a stack shares. A scaled
+    rotary (`rope_type` other than "default": yarn, ...) takes its frequencies and its cos/sin scale from
+    transformers' own rope function for that type, read off the model's config, as stock does."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, rope_type: str = "default", config=None):
         super().__init__()
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"unknown rope_type {rope_type!r}; valid: default, {', '.join(ROPE_INIT_FUNCTIONS)}")
         self.head_dim = head_dim
         self.theta = theta
-        # Not persistent: rebuilt from (head_dim, theta), also after meta-device loading (see _init_weights).
-        self.register_buffer("inv_freq", rotary_inverse_frequencies(head_dim, theta), persistent=False)
+        self.rope_type = rope_type
+        self.config = config
+        inv_freq, self.attention_scaling = self.inverse_frequencies()
+        # Not persistent: rebuilt by inverse_frequencies(), also after meta-device loading (see _init_weights).
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def inverse_frequencies(self) -> tuple[torch.Tensor, float]:
+        """[D/2] fp32 frequencies and the factor cos and sin are scaled by."""
+        if self.rope_type == "default":
+            return rotary_inverse_frequencies(self.head_dim, self.theta), 1.0
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.config)
+        return inv_freq.float(), float(scaling)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # position_ids: [B, T] -> cos, sin: [B, T, D]; angles in fp32 whatever the model dtype, as in stock.
         angles = position_ids[..., None].float() * self.inv_freq.float()
         angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        if self.attention_scaling == 1.0:
+            return angles.cos().to(dtype), angles.sin().to(dtype)
+        return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

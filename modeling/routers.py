@@ -54,9 +54,17 @@ def softmax_top_k_in_logits_dtype(
     return weights.to(logits.dtype), experts
 
 
+def top_k_softmax(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing: the k largest logits (the router's bias included), then a softmax over those k alone, so
+    the weights always sum to one (`renormalize` has nothing to do). Weights in fp32."""
+    values, experts = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(values.float(), dim=-1), experts
+
+
 ROUTINGS: dict[str, Routing] = {
     "softmax_top_k": softmax_top_k,
     "softmax_top_k_in_logits_dtype": softmax_top_k_in_logits_dtype,
+    "top_k_softmax": top_k_softmax,
 }
 
 

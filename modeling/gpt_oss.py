@@ -1,0 +1,124 @@
+"""gpt-oss: Mixtral's decoder with learned attention sinks, biases on every attention projection, sliding and full
+attention alternating by `layer_types`, yarn rotary positions, a biased router whose top k logits are softmaxed
+among themselves, and experts with biases and a clamped SwiGLU.
+
+The recipe maps the stock `GptOssConfig` fields onto shared parts; the classes below are one-line wirings. The
+router logits are recorded and turned into the load-balancing loss exactly as for Mixtral.
+"""
+
+from transformers import initialization as init
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+
+from ..configuration.gpt_oss import FivefoldGptOssConfig
+from .attention import Attention, AttentionSpec
+from .block import Block, BlockSpec
+from .decoder import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+    DecoderModel,
+    DecoderPreTrainedModel,
+)
+from .embeddings import EmbeddingSpec
+from .heads import HeadSpec
+from .mixtral import FivefoldMixtralForCausalLM
+from .moe import MoESpec, RouterLogits, TopKRouter
+from .stack import Recipe, StackSpec
+
+
+def gpt_oss_recipe(config) -> Recipe:
+    def block(layer_type: str) -> BlockSpec:
+        # `sliding_window` counts the query itself: keys up to sliding_window - 1 positions before it.
+        window = config.sliding_window - 1 if layer_type == "sliding_attention" else None
+        return BlockSpec(
+            attention=AttentionSpec(
+                hidden_size=config.hidden_size,
+                num_heads=config.num_attention_heads,
+                num_kv_heads=config.num_key_value_heads,
+                head_dim=config.head_dim,
+                bias=config.attention_bias,
+                out_bias=config.attention_bias,
+                dropout=config.attention_dropout,
+                is_causal=True,
+                positions="rotary",
+                rotary_theta=config.rope_parameters["rope_theta"],
+                rope_type=config.rope_parameters.get("rope_type", "default"),
+                window=window,
+                sinks=True,
+            ),
+            feedforward=MoESpec(
+                hidden_size=config.hidden_size,
+                expert_size=config.intermediate_size,
+                num_experts=config.num_local_experts,
+                top_k=config.num_experts_per_tok,
+                routing="top_k_softmax",
+                router_bias=True,
+                expert="clamped_swiglu",
+                expert_bias=True,
+                swiglu_limit=config.swiglu_limit,
+                swiglu_alpha=config.swiglu_alpha,
+            ),
+            norm="rmsnorm",
+            norm_eps=config.rms_norm_eps,
+            prenorm=True,
+        )
+
+    # Stock's token classifier drops out at `classifier_dropout`, else `hidden_dropout`, else 0.1: gpt-oss has none.
+    token_dropout = getattr(config, "classifier_dropout", None) or getattr(config, "hidden_dropout", None) or 0.1
+    return Recipe(
+        stack=StackSpec(
+            embeddings=EmbeddingSpec(
+                vocab_size=config.vocab_size, hidden_size=config.hidden_size, padding_idx=config.pad_token_id
+            ),
+            blocks=tuple(block(layer_type) for layer_type in config.layer_types),
+            norm="rmsnorm",
+            norm_eps=config.rms_norm_eps,
+        ),
+        heads={
+            "causal_lm": HeadSpec(at="lm_head", bias=False),
+            "sequence_classification": HeadSpec(at="score", bias=False),
+            "token_classification": HeadSpec(dropout=token_dropout, at="score"),
+        },
+    )
+
+
+class FivefoldGptOssPreTrainedModel(DecoderPreTrainedModel):
+    config: FivefoldGptOssConfig
+    recipe = staticmethod(gpt_oss_recipe)
+    # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
+    _no_split_modules = ["TokenEmbeddings", "Attention", "ClampedSwiGLU"]
+    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": RouterLogits}
+    # Stock's: the flash kernels that take attention sinks.
+    _compatible_flash_implementations = [
+        "kernels-community/vllm-flash-attn3",
+        "flash_attention_4",
+        "kernels-community/metal-flash-sdpa",
+        "kernels-community/aiter-flash-attn",
+    ]
+
+    def _init_weights(self, module) -> None:
+        super()._init_weights(module)
+        # As stock draws them: sinks and the router's bias ~ N(0, initializer_range) (a linear's bias starts at 0).
+        std = self.config.initializer_range
+        if isinstance(module, Attention) and module.sinks is not None:
+            init.normal_(module.sinks, mean=0.0, std=std)
+        if isinstance(module, TopKRouter) and module.bias is not None:
+            init.normal_(module.bias, mean=0.0, std=std)
+
+
+class FivefoldGptOssModel(FivefoldGptOssPreTrainedModel, DecoderModel):
+    output_class = MoeModelOutputWithPast
+
+
+class FivefoldGptOssForCausalLM(FivefoldGptOssPreTrainedModel, DecoderForCausalLM):
+    base_model_class = FivefoldGptOssModel
+    output_class = MoeCausalLMOutputWithPast
+    auxiliary_outputs = FivefoldMixtralForCausalLM.auxiliary_outputs  # the same load-balancing loss and fields
+
+
+class FivefoldGptOssForSequenceClassification(FivefoldGptOssPreTrainedModel, DecoderForSequenceClassification):
+    base_model_class = FivefoldGptOssModel
+
+
+class FivefoldGptOssForTokenClassification(FivefoldGptOssPreTrainedModel, DecoderForTokenClassification):
+    base_model_class = FivefoldGptOssModel
