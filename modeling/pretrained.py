@@ -15,7 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
-from .rotary import RotaryEmbedding, rotary_inverse_frequencies
+from .rotary import RotaryEmbedding
 
 
 class FivefoldPreTrainedModel(PreTrainedModel):
@@ -56,7 +56,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
-            init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
+            inv_freq, _ = module.initial_frequencies()
+            init.copy_(module.inv_freq, inv_freq)
+            if module.dynamic:
+                init.copy_(module.base_inv_freq, inv_freq)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
