@@ -103,7 +103,7 @@ def convert(
     config = build_config(arch, stock, target, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(target), our_prefix(arch, target))
     _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     check_aliases(plan, reader)
     drop_tied_copies(plan, reader, config, tied)
@@ -161,7 +161,7 @@ def export(
     shapes = {k: reader.shape(k) for k in reader.keys()}
     dtypes = {k: reader.dtype(k) for k in reader.keys()}
     check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
-    stock_prefix = "" if target is arch.base_model else arch.stock_prefix
+    stock_prefix = "" if target is arch.base_model else arch.stock_prefix_of(target)
     plan = arch.keys(config).plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
 

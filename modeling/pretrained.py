@@ -56,7 +56,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
-            init.copy_(module.inv_freq, module.inverse_frequencies()[0])
+            inv_freq, _ = module.initial_frequencies()
+            init.copy_(module.inv_freq, inv_freq)
+            if module.dynamic:
+                init.copy_(module.base_inv_freq, inv_freq)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
