@@ -8,20 +8,14 @@ from fivefold.modeling import mixtral as modeling
 from .architecture import Architecture
 from .inputs import causal_text_sample
 from .keymap import KeyMap, renames
+from .llama import LLAMA_ATTENTION
 
 MIXTRAL_BASE = {
-    "embed_tokens": "embeddings.word_embeddings",
-    "layers.{}.input_layernorm": "layers.{}.norm_before_attn",
-    "layers.{}.self_attn.q_proj": "layers.{}.attn.q_proj",
-    "layers.{}.self_attn.k_proj": "layers.{}.attn.k_proj",
-    "layers.{}.self_attn.v_proj": "layers.{}.attn.v_proj",
-    "layers.{}.self_attn.o_proj": "layers.{}.attn.o_proj",
-    "layers.{}.post_attention_layernorm": "layers.{}.norm_before_mlp",
+    **LLAMA_ATTENTION,
     "layers.{}.block_sparse_moe.gate": "layers.{}.mlp.router",
     "layers.{}.block_sparse_moe.experts.{}.w1": "layers.{}.mlp.experts.{}.gate_proj",
     "layers.{}.block_sparse_moe.experts.{}.w3": "layers.{}.mlp.experts.{}.up_proj",
     "layers.{}.block_sparse_moe.experts.{}.w2": "layers.{}.mlp.experts.{}.down_proj",
-    "norm": "norm",
 }
 
 MIXTRAL_HEADS = {"lm_head": "lm_head", "score": "score"}
