@@ -74,7 +74,7 @@ def our_prefix(arch, target) -> str:
 
 def stock_name_of(arch, target, config, our_key: str) -> str:
     try:
-        plan = arch.keys(config).plan([our_key], arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan([our_key], arch.stock_prefix_of(target), our_prefix(arch, target), inverse=True)
         return plan.steps[0].targets[plan.steps[0].sources.index(our_key)]
     except (ConversionError, IndexError, ValueError):
         return our_key
@@ -84,7 +84,7 @@ def stock_names_of(arch, target, config, our_keys: list[str]) -> list[str]:
     """The stock names of our tensors, in order, without repeats: fused stock tensors (GPT-2's c_attn holding
     q, k and v) are found only from their whole group, so the keys are planned together first."""
     try:
-        plan = arch.keys(config).plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan(our_keys, arch.stock_prefix_of(target), our_prefix(arch, target), inverse=True)
         named = {
             source: step.targets[min(i, len(step.targets) - 1)]
             for step in plan.steps

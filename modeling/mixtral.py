@@ -12,62 +12,33 @@ import torch
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
 from ..configuration.mixtral import FivefoldMixtralConfig
-from .attention import Attention, AttentionSpec
-from .block import Block, BlockSpec
+from .attention import Attention
+from .block import Block
 from .decoder import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     DecoderModel,
     DecoderPreTrainedModel,
 )
-from .embeddings import EmbeddingSpec
-from .heads import HeadSpec
-from .moe import MoESpec, RouterLogits, load_balancing_loss, router_z_loss
-from .stack import Recipe, StackSpec
+from .llama_like import llama_like_recipe
+from .moe import MoESpec, load_balancing_loss, router_z_loss
+from .routers import RouterLogits
+from .stack import Recipe
+
+
+def mixtral_experts(config, layer_idx: int) -> MoESpec:
+    return MoESpec(
+        hidden_size=config.hidden_size,
+        expert_size=config.intermediate_size,
+        num_experts=config.num_local_experts,
+        top_k=config.num_experts_per_tok,
+        activation=config.hidden_act,
+        jitter_noise=config.router_jitter_noise,
+    )
 
 
 def mixtral_recipe(config) -> Recipe:
-    block = BlockSpec(
-        attention=AttentionSpec(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim or config.hidden_size // config.num_attention_heads,
-            bias=False,
-            out_bias=False,
-            dropout=config.attention_dropout,
-            is_causal=True,
-            positions="rotary",
-            rotary_theta=config.rope_parameters["rope_theta"],
-            # `sliding_window` counts the query itself: keys up to sliding_window - 1 positions before it.
-            window=config.sliding_window - 1 if config.sliding_window is not None else None,
-        ),
-        feedforward=MoESpec(
-            hidden_size=config.hidden_size,
-            expert_size=config.intermediate_size,
-            num_experts=config.num_local_experts,
-            top_k=config.num_experts_per_tok,
-            activation=config.hidden_act,
-            jitter_noise=config.router_jitter_noise,
-        ),
-        norm="rmsnorm",
-        norm_eps=config.rms_norm_eps,
-        prenorm=True,
-    )
-    return Recipe(
-        stack=StackSpec(
-            embeddings=EmbeddingSpec(
-                vocab_size=config.vocab_size, hidden_size=config.hidden_size, padding_idx=config.pad_token_id
-            ),
-            blocks=(block,) * config.num_hidden_layers,
-            norm="rmsnorm",
-            norm_eps=config.rms_norm_eps,
-        ),
-        heads={
-            "causal_lm": HeadSpec(at="lm_head", bias=False),
-            "sequence_classification": HeadSpec(at="score", bias=False),
-        },
-    )
+    return llama_like_recipe(config, mixtral_experts)
 
 
 class FivefoldMixtralPreTrainedModel(DecoderPreTrainedModel):

@@ -156,7 +156,7 @@ def plan_on_meta(arch: Architecture, stock: transformers.PreTrainedModel, shapes
     stock_name = type(stock).__name__
     target = arch.class_named(stock_name)
     config = build_config(arch, {**stock.config.to_dict(), "architectures": [stock_name]}, target, None)
-    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix_of(target), our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
     return MetaConversion(config, plan, produced, expected, tied)
