@@ -7,87 +7,43 @@ router logits are recorded and turned into the load-balancing loss exactly as fo
 """
 
 from transformers import initialization as init
-from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
 from ..configuration.gpt_oss import FivefoldGptOssConfig
-from .attention import Attention, AttentionSpec
-from .block import Block, BlockSpec
-from .decoder import (
-    DecoderForCausalLM,
-    DecoderForSequenceClassification,
-    DecoderForTokenClassification,
-    DecoderModel,
-    DecoderPreTrainedModel,
-)
-from .embeddings import EmbeddingSpec
-from .heads import HeadSpec
-from .mixtral import FivefoldMixtralForCausalLM
-from .moe import MoESpec, RouterLogits, TopKRouter
-from .stack import Recipe, StackSpec
+from .attention import Attention
+from .decoder import DecoderForSequenceClassification, DecoderForTokenClassification
+from .llama_like import decoder_heads, llama_like_recipe
+from .moe import MoESpec
+from .moe_decoder import MoEDecoderForCausalLM, MoEDecoderModel, MoEDecoderPreTrainedModel
+from .routers import TopKRouter
+from .stack import Recipe
 
 
-def gpt_oss_recipe(config) -> Recipe:
-    def block(layer_type: str) -> BlockSpec:
-        # `sliding_window` counts the query itself: keys up to sliding_window - 1 positions before it.
-        window = config.sliding_window - 1 if layer_type == "sliding_attention" else None
-        return BlockSpec(
-            attention=AttentionSpec(
-                hidden_size=config.hidden_size,
-                num_heads=config.num_attention_heads,
-                num_kv_heads=config.num_key_value_heads,
-                head_dim=config.head_dim,
-                bias=config.attention_bias,
-                out_bias=config.attention_bias,
-                dropout=config.attention_dropout,
-                is_causal=True,
-                positions="rotary",
-                rotary_theta=config.rope_parameters["rope_theta"],
-                rope_type=config.rope_parameters.get("rope_type", "default"),
-                window=window,
-                sinks=True,
-            ),
-            feedforward=MoESpec(
-                hidden_size=config.hidden_size,
-                expert_size=config.intermediate_size,
-                num_experts=config.num_local_experts,
-                top_k=config.num_experts_per_tok,
-                routing="top_k_softmax",
-                router_bias=True,
-                expert="clamped_swiglu",
-                expert_bias=True,
-                swiglu_limit=config.swiglu_limit,
-                swiglu_alpha=config.swiglu_alpha,
-            ),
-            norm="rmsnorm",
-            norm_eps=config.rms_norm_eps,
-            prenorm=True,
-        )
-
-    # Stock's token classifier drops out at `classifier_dropout`, else `hidden_dropout`, else 0.1: gpt-oss has none.
-    token_dropout = getattr(config, "classifier_dropout", None) or getattr(config, "hidden_dropout", None) or 0.1
-    return Recipe(
-        stack=StackSpec(
-            embeddings=EmbeddingSpec(
-                vocab_size=config.vocab_size, hidden_size=config.hidden_size, padding_idx=config.pad_token_id
-            ),
-            blocks=tuple(block(layer_type) for layer_type in config.layer_types),
-            norm="rmsnorm",
-            norm_eps=config.rms_norm_eps,
-        ),
-        heads={
-            "causal_lm": HeadSpec(at="lm_head", bias=False),
-            "sequence_classification": HeadSpec(at="score", bias=False),
-            "token_classification": HeadSpec(dropout=token_dropout, at="score"),
-        },
+def gpt_oss_experts(config, layer_idx: int) -> MoESpec:
+    return MoESpec(
+        hidden_size=config.hidden_size,
+        expert_size=config.intermediate_size,
+        num_experts=config.num_local_experts,
+        top_k=config.num_experts_per_tok,
+        routing="top_k_softmax",
+        router_bias=True,
+        expert="clamped_swiglu",
+        expert_bias=True,
+        swiglu_limit=config.swiglu_limit,
+        swiglu_alpha=config.swiglu_alpha,
     )
 
 
-class FivefoldGptOssPreTrainedModel(DecoderPreTrainedModel):
+def gpt_oss_recipe(config) -> Recipe:
+    heads = {task: head for task, head in decoder_heads(config).items() if task != "question_answering"}
+    # q/k/v and the output projection all biased (`attention_bias`), as the shared builder reads it.
+    return llama_like_recipe(config, gpt_oss_experts, heads=heads, sinks=True)
+
+
+class FivefoldGptOssPreTrainedModel(MoEDecoderPreTrainedModel):
     config: FivefoldGptOssConfig
     recipe = staticmethod(gpt_oss_recipe)
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
     _no_split_modules = ["TokenEmbeddings", "Attention", "ClampedSwiGLU"]
-    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": RouterLogits}
     # Stock's: the flash kernels that take attention sinks.
     _compatible_flash_implementations = [
         "kernels-community/vllm-flash-attn3",
@@ -106,14 +62,12 @@ class FivefoldGptOssPreTrainedModel(DecoderPreTrainedModel):
             init.normal_(module.bias, mean=0.0, std=std)
 
 
-class FivefoldGptOssModel(FivefoldGptOssPreTrainedModel, DecoderModel):
-    output_class = MoeModelOutputWithPast
+class FivefoldGptOssModel(FivefoldGptOssPreTrainedModel, MoEDecoderModel):
+    pass
 
 
-class FivefoldGptOssForCausalLM(FivefoldGptOssPreTrainedModel, DecoderForCausalLM):
+class FivefoldGptOssForCausalLM(FivefoldGptOssPreTrainedModel, MoEDecoderForCausalLM):
     base_model_class = FivefoldGptOssModel
-    output_class = MoeCausalLMOutputWithPast
-    auxiliary_outputs = FivefoldMixtralForCausalLM.auxiliary_outputs  # the same load-balancing loss and fields
 
 
 class FivefoldGptOssForSequenceClassification(FivefoldGptOssPreTrainedModel, DecoderForSequenceClassification):

@@ -43,8 +43,8 @@ UNPADDED_KERNELS = ("sdpa",)
 
 def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, cached: bool = False) -> None:
     """A [B, T] padding mask must match the inputs; with a cache it covers P + T steps, so it has at least T. A
-    ready-made 4D mask is passed through, as in stock."""
-    if attention_mask is None or attention_mask.dim() == 4:
+    ready-made 4D mask (or one per layer type) is passed through, as in stock."""
+    if attention_mask is None or isinstance(attention_mask, dict) or attention_mask.dim() == 4:
         return
     if not cached and tuple(attention_mask.shape) != (batch, length):
         raise ValueError(
@@ -269,6 +269,8 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
     padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
     decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    if isinstance(attention_mask, dict):  # generate's masks over a static cache, one per entry of `layer_types`
+        return [attention_mask[layer_type] for layer_type in config.layer_types]
     static = cache is not None and cache.is_compileable
     past = cache.get_seq_length() if cache is not None and not static else 0
 
