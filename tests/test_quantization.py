@@ -245,3 +245,30 @@ def test_quantized_folders_load_with_stock_transformers_alone(unquantized, tmp_p
 
 def _arch(model_type: str) -> Architecture:
     return next(a for a in ARCHITECTURES if a.stock_model_type == model_type)
+
+
+def test_int8_weights_run_torchs_int8_kernel(unquantized, monkeypatch):
+    """torchao int8 weight-only on Mixtral through `_weight_int8pack_mm` (forced on where torch runs it scalar):
+    every quantized linear, experts included, takes the kernel, with torchao's own path's numbers."""
+    pytest.importorskip("torchao")
+    from fivefold.modeling import int8
+
+    row = unquantized(_arch("mixtral"))
+    ours = (
+        row["cls"]
+        .from_pretrained(
+            row["dst"], quantization_config=QUANTIZERS["torchao-int8-weight"].config("torchao-int8-weight")
+        )
+        .eval()
+    )
+    monkeypatch.setattr(int8, "INT8PACK_ON", False)
+    reference = _output(ours, row["inputs"])
+    calls = []
+    kernel = int8._INT8PACK
+    monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    monkeypatch.setattr(int8, "_INT8PACK", lambda x, q, s: calls.append(q.shape) or kernel(x, q, s))
+    torch.testing.assert_close(_output(ours, row["inputs"]), reference, atol=2e-5, rtol=1e-5)
+    config = ours.config
+    experts = config.num_hidden_layers * config.num_local_experts * 3
+    assert len(calls) >= len(quantized_modules(ours)) - experts  # every attention linear, and experts chosen
+    assert len(calls) > len(quantized_modules(ours)) - experts  # some expert took it
