@@ -88,7 +88,9 @@ class Attention(nn.Module):
         value = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         query, key = self.positions(query, key, position_embeddings)
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
+            # As stock passes them: a paged cache (continuous batching) reads its indices from the kwargs and rewrites
+            # them in place for the kernel (this call's own dict: every layer gets a fresh one).
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)  # [B, K, S, D]
         return self.attend(query, key, value, attention_mask, **kwargs)
 
     def attend(

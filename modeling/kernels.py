@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -226,11 +227,29 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
     return per_block(windows, build)
 
 
+def is_paged(cache: object) -> bool:
+    """Whether the cache is continuous batching's paged one: it holds many requests in one [1, N] row, has no
+    sequence length or static size, and comes with ready-made masks."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list:
+    """Continuous batching's masks for each block: one [1, 1, N, S] mask for all blocks (None for flash kernels,
+    which read cu_seq_lens), or one per layer type where full and sliding layers mix, keyed by transformers'
+    names for them; the paged cache's allocators are grouped by the same names."""
+    if not isinstance(attention_mask, dict):
+        return [attention_mask] * len(windows)
+    return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]
+
+
 def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
     padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
-    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it.
+    Continuous batching brings its own masks (`paged_masks`)."""
+    if is_paged(cache):
+        return paged_masks(attention_mask, windows)
     static = cache is not None and cache.is_compileable
     past = cache.get_seq_length() if cache is not None and not static else 0
 
