@@ -38,6 +38,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # that split the experts.
     data_parallel_group: Any = None
     expert_group: Any = None
+    # The `experts_implementation` values fivefold honours. Its experts are each their own linear layers (what
+    # quantizers, offloading and expert parallelism reach), run one after another: stock's stacked kernels
+    # (batched_mm, grouped_mm, ...) read fused 3-D weights that fivefold does not hold, so they are refused.
+    experts_implementations: ClassVar[tuple[str, ...]] = ("eager",)
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
@@ -57,6 +61,19 @@ class FivefoldPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        """transformers' check of `experts_implementation` (from_pretrained, set_experts_implementation): unset
+        means eager, and a value fivefold does not honour is an error rather than silently ignored."""
+        if requested_experts is None:
+            return self.experts_implementations[0]
+        if requested_experts not in self.experts_implementations:
+            valid = ", ".join(repr(v) for v in self.experts_implementations)
+            raise ValueError(
+                f"{type(self).__name__} does not support experts_implementation={requested_experts!r}: fivefold runs "
+                f"each expert as its own linear layers, one after another. Supported: {valid}."
+            )
+        return requested_experts
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
