@@ -242,16 +242,19 @@ def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list
     return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]
 
 
-def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
+def causal_masks(
+    config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows, first_layer: int = 0
+) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
     padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
     decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it.
-    Continuous batching brings its own masks (`paged_masks`)."""
+    Continuous batching brings its own masks (`paged_masks`). The cache is read at the first layer this process
+    runs (`first_layer`: a pipeline stage's own, whose earlier layers never write it), per window."""
     if is_paged(cache):
         return paged_masks(attention_mask, windows)
     static = cache is not None and cache.is_compileable
-    past = cache.get_seq_length() if cache is not None and not static else 0
+    past = cache.get_seq_length(first_layer) if cache is not None and not static else 0
 
     def build(window: int | None) -> object:
         if (
@@ -263,8 +266,9 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
         ):
             return None if attention_mask is None else attention_mask[:, None, None, :].bool()
         make_mask = create_causal_mask if window is None else create_sliding_window_causal_mask
+        layer = next(i for i, w in enumerate(windows) if w == window and i >= first_layer)
         # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
-        return make_mask(config, hidden, attention_mask, cache, position_ids)
+        return make_mask(config, hidden, attention_mask, cache, position_ids, layer_idx=layer)
 
     return per_block(windows, build)
 

@@ -15,6 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
+from .pipeline import adapt_stage, check_pipeline_parallel
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
 
@@ -104,6 +105,11 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         over per-expert modules, expert_parallel.py); the rest is stock's."""
         if mesh_manager is not None and distributed_config.ep_size > 1 and expert_layers(model):
             return distribute(model, distributed_config, mesh_manager)
+        if mesh_manager is not None and distributed_config.pp_size > 1:
+            check_pipeline_parallel(model)
+            model = super().maybe_distribute_model(model, distributed_config, mesh_manager)
+            adapt_stage(model)
+            return model
         if mesh_manager is not None and distributed_config.dp_size > 1:
             # Tied before FSDP2 shards them (transformers ties only after loading): FSDP2 then knows both modules
             # of a tied weight, else the output embedding keeps a stale copy after the first step.
