@@ -6,7 +6,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import GptOssConfig
 
 from .base import FivefoldConfigMixin
-from .parallel import tensor_parallel_plan
+from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
 from .validation import check_grouped_heads_and_experts, check_positive
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -20,7 +20,7 @@ class FivefoldGptOssConfig(FivefoldConfigMixin, GptOssConfig):
     # keeps the sinks of its own heads.
     base_model_tp_plan = {**tensor_parallel_plan("", experts=True), "layers.*.attn.sinks": "colwise"}
     base_model_ep_plan = None
-    base_model_pp_plan = None
+    base_model_pp_plan = DECODER_PIPELINE_PLAN
 
     router_z_loss_coef: float = 0.0
 

@@ -5,7 +5,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
-from .parallel import tensor_parallel_plan
+from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
 from .validation import check_llama_like, check_positive
 
 
@@ -16,7 +16,7 @@ class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
     # are separate modules: each is split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py).
     base_model_tp_plan = tensor_parallel_plan("", experts=True)
     base_model_ep_plan = None
-    base_model_pp_plan = None
+    base_model_pp_plan = DECODER_PIPELINE_PLAN
 
     router_z_loss_coef: float = 0.0
 

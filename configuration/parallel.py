@@ -30,3 +30,12 @@ def tensor_parallel_plan(
         if relative_bias:
             plan[f"{stack}.relative_bias.relative_attention_bias"] = HEAD_COLUMNS
     return plan
+
+
+# Pipeline parallelism (`DistributedConfig(pp_size=N)`, modeling/pipeline.py): what each part of a decoder's stack
+# takes and gives, as stock declares `base_model_pp_plan` (fivefold's embeddings are `embeddings`, not `embed_tokens`).
+DECODER_PIPELINE_PLAN = {
+    "embeddings": (["input_ids"], ["inputs_embeds"]),
+    "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+    "norm": (["hidden_states"], ["hidden_states"]),
+}

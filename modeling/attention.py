@@ -83,7 +83,9 @@ class Attention(nn.Module):
         self.positions = POSITIONS[spec.positions]()
         self.rotary_theta = spec.rotary_theta  # the stack builds one (cos, sin) table per distinct base
         # gpt-oss's attention sinks ([H], `s_aux` to the kernels); None: every row's weights sum to one.
-        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if spec.sinks else None
+        # Absent (not None) without sinks: transformers' paged kernels test for the attribute itself.
+        if spec.sinks:
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
 
     def forward(
         self,
@@ -99,7 +101,9 @@ class Attention(nn.Module):
         value = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         query, key = self.positions(query, key, position_embeddings)
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
+            # As stock passes them: a paged cache (continuous batching) reads its indices from the kwargs and rewrites
+            # them in place for the kernel (this call's own dict: every layer gets a fresh one).
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)  # [B, K, S, D]
         return self.attend(query, key, value, attention_mask, **kwargs)
 
     def attend(
@@ -112,9 +116,10 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kernel for this call, then the output projection: [B, T, C] and the weights (eager only)."""
         b, _, t, _ = query.shape
-        if self.sinks is not None:
-            kwargs["s_aux"] = self.sinks
-        out, weights = attention_kernel(self.config, attention_mask, self.sinks is not None)(
+        sinks = getattr(self, "sinks", None)
+        if sinks is not None:
+            kwargs["s_aux"] = sinks
+        out, weights = attention_kernel(self.config, attention_mask, sinks is not None)(
             self,
             query,
             key,

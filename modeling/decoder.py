@@ -24,8 +24,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from .batching import ContinuousBatching
 from .heads import last_real_token
-from .kernels import causal_masks, check_attention_mask
+from .kernels import causal_masks, check_attention_mask, is_paged
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
@@ -77,16 +78,19 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
             cache = DynamicCache(config=self.config)
 
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        check_attention_mask(attention_mask, batch, length, cached=True)
+        if not is_paged(cache):  # continuous batching's masks are its own (kernels.paged_masks)
+            check_attention_mask(attention_mask, batch, length, cached=True)
         if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
+            past = cache.get_seq_length(self.first_layer) if cache is not None else 0
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
         # itself when they get no cache, which a fresh one holds nothing of yet.
-        packed = is_packed_row(position_ids, attention_mask) and (cache is None or cache.get_seq_length() == 0)
-        masks = causal_masks(self.config, hidden, attention_mask, None if packed else cache, position_ids, self.windows)
+        fresh = cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0)
+        packed = fresh and is_packed_row(position_ids, attention_mask)
+        cached = None if packed else cache
+        masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
         hidden = self.dropout(self.norm(hidden))
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
@@ -115,12 +119,13 @@ class DecoderTaskModel(DecoderPreTrainedModel, TaskModel):
         )
 
 
-class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
+class DecoderForCausalLM(DecoderTaskModel, ContinuousBatching, GenerationMixin):
     """Next-token logits (tied to the word embeddings when `config.tie_word_embeddings`), loss on shifted labels."""
 
     tasks = {"causal_lm": "vocab_size"}
     output_task = "causal_lm"
     output_class = CausalLMOutputWithPast
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # as stock's; the stack's is the config's
 
     def __init__(self, config):
         super().__init__(config)

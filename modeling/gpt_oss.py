@@ -56,7 +56,7 @@ class FivefoldGptOssPreTrainedModel(MoEDecoderPreTrainedModel):
         super()._init_weights(module)
         # As stock draws them: sinks and the router's bias ~ N(0, initializer_range) (a linear's bias starts at 0).
         std = self.config.initializer_range
-        if isinstance(module, Attention) and module.sinks is not None:
+        if isinstance(module, Attention) and hasattr(module, "sinks"):
             init.normal_(module.sinks, mean=0.0, std=std)
         if isinstance(module, TopKRouter) and module.bias is not None:
             init.normal_(module.bias, mean=0.0, std=std)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -208,8 +209,11 @@ def attention_kernel(config, mask: object, sinks: bool = False) -> Callable:
         return sink_sdpa_attention if name == "sdpa" else eager_attention
     if name == "flex_attention" or is_flash_attention_requested(requested_attention_implementation=name):
         return _selected(name)  # transformers' flex and flash kernels read `s_aux`
+    if name == "paged|eager":
+        return _selected(name)  # transformers' paged eager kernel reads the module's `sinks`
     raise ValueError(f"attn_implementation={name!r} would ignore this model's attention sinks; use 'eager', 'sdpa', "
-                     "'flex_attention' or a flash attention kernel that takes sinks")  # fmt: skip
+                     "'flex_attention' or a flash attention kernel that takes sinks (continuous batching: 'eager', "
+                     "which runs as 'paged|eager')")  # fmt: skip
 
 
 def _selected(implementation: str | None) -> Callable:
@@ -264,15 +268,36 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
     return per_block(windows, build)
 
 
-def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
+def is_paged(cache: object) -> bool:
+    """Whether the cache is continuous batching's paged one: it holds many requests in one [1, N] row, has no
+    sequence length or static size, and comes with ready-made masks."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list:
+    """Continuous batching's masks for each block: one [1, 1, N, S] mask for all blocks (None for flash kernels,
+    which read cu_seq_lens), or one per layer type where full and sliding layers mix, keyed by transformers'
+    names for them; the paged cache's allocators are grouped by the same names."""
+    if not isinstance(attention_mask, dict):
+        return [attention_mask] * len(windows)
+    return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]
+
+
+def causal_masks(
+    config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows, first_layer: int = 0
+) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
     padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
-    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it.
+    Continuous batching brings its own masks (`paged_masks`). The cache is read at the first layer this process
+    runs (`first_layer`: a pipeline stage's own, whose earlier layers never write it), per window."""
     if isinstance(attention_mask, dict):  # generate's masks over a static cache, one per entry of `layer_types`
         return [attention_mask[layer_type] for layer_type in config.layer_types]
+    if is_paged(cache):
+        return paged_masks(attention_mask, windows)
     static = cache is not None and cache.is_compileable
-    past = cache.get_seq_length() if cache is not None and not static else 0
+    past = cache.get_seq_length(first_layer) if cache is not None and not static else 0
 
     def build(window: int | None) -> object:
         if (
@@ -284,8 +309,9 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
         ):
             return None if attention_mask is None else attention_mask[:, None, None, :].bool()
         make_mask = create_causal_mask if window is None else create_sliding_window_causal_mask
+        layer = next(i for i, w in enumerate(windows) if w == window and i >= first_layer)
         # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
-        return make_mask(config, hidden, attention_mask, cache, position_ids)
+        return make_mask(config, hidden, attention_mask, cache, position_ids, layer_idx=layer)
 
     return per_block(windows, build)
 

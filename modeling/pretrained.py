@@ -15,6 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
+from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
 from .rotary import RotaryEmbedding
 
@@ -39,6 +40,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # that split the experts.
     data_parallel_group: Any = None
     expert_group: Any = None
+    # The `experts_implementation` values fivefold honours. Its experts are each their own linear layers (what
+    # quantizers, offloading and expert parallelism reach), run one after another: stock's stacked kernels
+    # (batched_mm, grouped_mm, ...) read fused 3-D weights that fivefold does not hold, so they are refused.
+    experts_implementations: ClassVar[tuple[str, ...]] = ("eager",)
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
@@ -69,6 +74,19 @@ class FivefoldPreTrainedModel(PreTrainedModel):
 
     def _get_dtype_plan(self, dtype: torch.dtype) -> dict:
         return drop_quantization_only(super()._get_dtype_plan(dtype))
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        """transformers' check of `experts_implementation` (from_pretrained, set_experts_implementation): unset
+        means eager, and a value fivefold does not honour is an error rather than silently ignored."""
+        if requested_experts is None:
+            return self.experts_implementations[0]
+        if requested_experts not in self.experts_implementations:
+            valid = ", ".join(repr(v) for v in self.experts_implementations)
+            raise ValueError(
+                f"{type(self).__name__} does not support experts_implementation={requested_experts!r}: fivefold runs "
+                f"each expert as its own linear layers, one after another. Supported: {valid}."
+            )
+        return requested_experts
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
@@ -106,6 +124,11 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         over per-expert modules, expert_parallel.py); the rest is stock's."""
         if mesh_manager is not None and distributed_config.ep_size > 1 and expert_layers(model):
             return distribute(model, distributed_config, mesh_manager)
+        if mesh_manager is not None and distributed_config.pp_size > 1:
+            check_pipeline_parallel(model)
+            model = super().maybe_distribute_model(model, distributed_config, mesh_manager)
+            adapt_stage(model)
+            return model
         if mesh_manager is not None and distributed_config.dp_size > 1:
             # Tied before FSDP2 shards them (transformers ties only after loading): FSDP2 then knows both modules
             # of a tied weight, else the output embedding keeps a stale copy after the first step.

@@ -51,6 +51,10 @@ class Recipe:
 
 
 class Stack(FivefoldPreTrainedModel):
+    # The first of `layers` this process runs: a pipeline stage's own (modeling/pipeline.py), whose earlier layers
+    # are identities that never write the cache, so the cache is read there.
+    first_layer: int = 0
+
     def __init__(self, config, spec: StackSpec, add_pooling_layer: bool | None = None):
         super().__init__(config)
         if add_pooling_layer and spec.pooler is None:
