@@ -206,7 +206,7 @@ GREEDY, BEAMS, SAMPLED = dict(do_sample=False), dict(num_beams=2, do_sample=Fals
 )
 def test_generation_is_identical_with_the_cache_off_on_and_prefetching(
     moe_folder, expected_generations, setting, modes
-):  # noqa: E501
+):
     _, cls, dst = moe_folder
     plain = cls.from_pretrained(dst).eval()
     placed = _load(cls, dst, _odd_experts_on_disk(plain), **setting)
