@@ -6,6 +6,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import GptOssConfig
 
 from .base import FivefoldConfigMixin
+from .offload import ExpertOffloadFields
 from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
 from .validation import check_grouped_heads_and_experts, check_positive
 
@@ -13,7 +14,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @strict(accept_kwargs=True)
-class FivefoldGptOssConfig(FivefoldConfigMixin, GptOssConfig):
+class FivefoldGptOssConfig(FivefoldConfigMixin, ExpertOffloadFields, GptOssConfig):
     model_type = "fivefold_gpt_oss"
     # Stock's plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts are separate
     # modules, each split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py). Each rank

@@ -5,12 +5,13 @@ from huggingface_hub.dataclasses import strict
 from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
+from .offload import ExpertOffloadFields
 from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
 from .validation import check_llama_like, check_positive
 
 
 @strict(accept_kwargs=True)
-class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
+class FivefoldMixtralConfig(FivefoldConfigMixin, ExpertOffloadFields, MixtralConfig):
     model_type = "fivefold_mixtral"
     # Stock's parallelism plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts
     # are separate modules: each is split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py).

@@ -13,6 +13,7 @@ from transformers.distributed.parallel_utils import replace_layer_number_by_wild
 
 from .attention import Attention
 from .block import Block
+from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pipeline import adapt_stage, check_pipeline_parallel
@@ -44,6 +45,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # quantizers, offloading and expert parallelism reach), run one after another: stock's stacked kernels
     # (batched_mm, grouped_mm, ...) read fused 3-D weights that fivefold does not hold, so they are refused.
     experts_implementations: ClassVar[tuple[str, ...]] = ("eager",)
+    # Where a device_map offloads experts: the cache that holds those recently used (modeling/expert_offload.py).
+    expert_cache: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
@@ -91,9 +94,12 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
-        Under a quantizer that quantized nothing, raises QuantizationError (quantization.py)."""
+        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
+        quantized nothing, raises QuantizationError (quantization.py)."""
         loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
-        check_quantized(loaded[0] if isinstance(loaded, tuple) else loaded)  # (model, info) with output_loading_info
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
+        check_quantized(model)
+        model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
         return loaded
 
     @classmethod
@@ -102,6 +108,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
             stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
             if stock is not None:
+                check_stock_offload(pretrained_model_name_or_path, kwargs)
                 for key in ("config", *hub):  # the converted state and a local config replace them
                     kwargs.pop(key, None)
                 with stock as (config, state_dict):
