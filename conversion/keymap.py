@@ -85,6 +85,8 @@ class Rule:
     source: tuple[str, ...]
     target: tuple[str, ...] | None  # None: dropped on purpose
     transform: str = "identity"
+    # Read only: a second stock layout of tensors another rule already writes back (stock's fused experts).
+    import_only: bool = False
 
     def inverse(self) -> "Rule":
         if self.target is None:
@@ -169,7 +171,7 @@ class KeyMap:
         compiled = []
         for rules, is_base in tables:
             for rule in rules:
-                if inverse and rule.target is None:
+                if inverse and (rule.target is None or rule.import_only):
                     continue
                 rule = rule.inverse() if inverse else rule
                 compiled.append((rule, is_base, [_pattern_regex(p) for p in rule.source]))

@@ -7,22 +7,14 @@ router logits are recorded and turned into the load-balancing loss exactly as fo
 """
 
 from transformers import initialization as init
-from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
 from ..configuration.gpt_oss import FivefoldGptOssConfig
 from .attention import Attention
-from .block import Block
-from .decoder import (
-    DecoderForCausalLM,
-    DecoderForSequenceClassification,
-    DecoderForTokenClassification,
-    DecoderModel,
-    DecoderPreTrainedModel,
-)
+from .decoder import DecoderForSequenceClassification, DecoderForTokenClassification
 from .llama_like import decoder_heads, llama_like_recipe
-from .mixtral import FivefoldMixtralForCausalLM
 from .moe import MoESpec
-from .routers import RouterLogits, TopKRouter
+from .moe_decoder import MoEDecoderForCausalLM, MoEDecoderModel, MoEDecoderPreTrainedModel
+from .routers import TopKRouter
 from .stack import Recipe
 
 
@@ -47,12 +39,11 @@ def gpt_oss_recipe(config) -> Recipe:
     return llama_like_recipe(config, gpt_oss_experts, heads=heads, sinks=True)
 
 
-class FivefoldGptOssPreTrainedModel(DecoderPreTrainedModel):
+class FivefoldGptOssPreTrainedModel(MoEDecoderPreTrainedModel):
     config: FivefoldGptOssConfig
     recipe = staticmethod(gpt_oss_recipe)
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
     _no_split_modules = ["TokenEmbeddings", "Attention", "ClampedSwiGLU"]
-    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": RouterLogits}
     # Stock's: the flash kernels that take attention sinks.
     _compatible_flash_implementations = [
         "kernels-community/vllm-flash-attn3",
@@ -71,14 +62,12 @@ class FivefoldGptOssPreTrainedModel(DecoderPreTrainedModel):
             init.normal_(module.bias, mean=0.0, std=std)
 
 
-class FivefoldGptOssModel(FivefoldGptOssPreTrainedModel, DecoderModel):
-    output_class = MoeModelOutputWithPast
+class FivefoldGptOssModel(FivefoldGptOssPreTrainedModel, MoEDecoderModel):
+    pass
 
 
-class FivefoldGptOssForCausalLM(FivefoldGptOssPreTrainedModel, DecoderForCausalLM):
+class FivefoldGptOssForCausalLM(FivefoldGptOssPreTrainedModel, MoEDecoderForCausalLM):
     base_model_class = FivefoldGptOssModel
-    output_class = MoeCausalLMOutputWithPast
-    auxiliary_outputs = FivefoldMixtralForCausalLM.auxiliary_outputs  # the same load-balancing loss and fields
 
 
 class FivefoldGptOssForSequenceClassification(FivefoldGptOssPreTrainedModel, DecoderForSequenceClassification):

@@ -98,3 +98,25 @@ def test_every_expert_and_the_shared_one_get_gradients():
     moe(torch.randn(1, 1, 8)).sum().backward()
     assert all(p.grad is not None for p in moe.parameters())
     assert sum(bool(e.down_proj.weight.grad.abs().sum()) for e in moe.experts) == 1
+
+
+def test_fused_expert_layout_reads_into_per_expert_tensors():
+    """Stock's fused experts ([E, 2F, C] gate/up, [E, C, F] down) become one tensor per expert projection; the
+    rules read only (the export writes the per-expert layout)."""
+    from fivefold.conversion.errors import ConversionError
+    from fivefold.conversion.experts import fused_expert_rules
+    from fivefold.conversion.keymap import KeyMap
+
+    torch.manual_seed(0)
+    gate_up, down = torch.randn(3, 2 * F, C), torch.randn(3, C, F)
+    stock = {"model.layers.0.mlp.experts.gate_up_proj": gate_up, "model.layers.0.mlp.experts.down_proj": down}
+    keys = KeyMap(fused_expert_rules("layers.{}.mlp.experts", "layers.{}.mlp.experts", 3))
+    plan = keys.plan(stock, "model", "model")
+    ours = {k: v for step in plan.steps for k, v in plan.run(step, stock.__getitem__).items()}
+    assert plan.target_shapes({k: v.shape for k, v in stock.items()}) == {k: v.shape for k, v in ours.items()}
+    for e in range(3):
+        assert torch.equal(ours[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"], gate_up[e, :F])
+        assert torch.equal(ours[f"model.layers.0.mlp.experts.{e}.up_proj.weight"], gate_up[e, F:])
+        assert torch.equal(ours[f"model.layers.0.mlp.experts.{e}.down_proj.weight"], down[e])
+    with pytest.raises(ConversionError, match="match no conversion rule"):
+        keys.plan(ours, "model", "model", inverse=True)
