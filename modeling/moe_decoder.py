@@ -37,7 +37,7 @@ class MoEDecoderModel(DecoderModel):
 
 def _rows_of_last_steps(attention_mask: torch.Tensor | None, tokens: int) -> torch.Tensor | None:
     """The [B, P + T] padding mask cut to the T steps the router saw (N = B*T rows); 4D masks (and generate's
-    dict of them over a static cache) are not per token."""
+    dict of them) are not per token."""
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
         return None
     steps = tokens // attention_mask.shape[0]
