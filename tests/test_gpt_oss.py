@@ -195,3 +195,15 @@ def test_export_writes_stock_bf16_layout(converted, tmp_path):
     assert set(exported) == set(original)
     assert all(torch.equal(exported[k], original[k]) for k in original)
     assert transformers.AutoConfig.from_pretrained(out).model_type == "gpt_oss"
+
+
+@pytest.mark.slow
+def test_expert_parallel_equals_one_process(converted, tmp_path):
+    """Two gloo processes, two of the four experts each (tests/workers/gpt_oss_expert_parallel.py)."""
+    from launching import launch
+
+    _, dst = converted("gpt_oss", "GptOssForCausalLM")
+    results = launch("gpt_oss_expert_parallel", 2, tmp_path, {"checkpoint": str(dst)}, timeout=300)
+    assert [r["held"] for r in results] == [[0, 1], [2, 3]]
+    for r in results:
+        assert r["logits"] <= 1e-5 and r["generate"], r
