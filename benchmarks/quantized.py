@@ -185,13 +185,18 @@ def encoder_rows(args) -> tuple[list[list[str]], str]:
     return rows, f"MiniLM ({'tiny BERT' if args.quick else 'all-MiniLM-L6-v2, real weights'}); ORT: {note}"
 
 
+# --option: (default, with --quick)
+DECODING = {"prompt": (32, 8), "new-tokens": (64, 8)}
+
+
 def main() -> None:
     parser = command_line(__doc__)
-    parser.add_argument("--prompt", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    for option, (default, _) in DECODING.items():
+        parser.add_argument(f"--{option}", type=int, default=default)
     args = parse(parser)
-    if args.quick:
-        args.new_tokens, args.prompt = 8, 8
+    for option, (_, quick) in DECODING.items():
+        if args.quick:
+            setattr(args, option.replace("-", "_"), quick)
     capability = torch.backends.cpu.get_cpu_capability()
     lines = [
         machine_line(f"CPU capability {capability}; int8 decoding kernel {'on' if int8.INT8PACK_ON else 'off'}"),

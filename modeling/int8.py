@@ -1,7 +1,7 @@
 """Weight-only int8 linears on the CPU through torch's own kernel, for weights torchao's quantizer made.
 
 `TorchAoConfig(Int8WeightOnlyConfig())` swaps each linear's weight for an `Int8Tensor` (per-row int8 `qdata`
-[O, I] and `scale` [O, 1]) and keeps the module. Its own CPU path converts the whole int8 weight to the
+[O, C] and `scale` [O, 1]) and keeps the module. Its own CPU path converts the whole int8 weight to the
 activations' dtype on every call and multiplies in floating point: it reads the int8 weight, writes and reads a
 full-precision copy, and decodes slower than fp32. `torch.ops.aten._weight_int8pack_mm` multiplies by the int8
 weight directly (x @ (qdata * scale).T, the same sums as torchao's up to the order of fp32 rounding), so a
@@ -11,7 +11,7 @@ a scalar loop, slower than torchao's path, so there the path stays off (`INT8PAC
 torchao is never imported: its weights are recognised by what they hold. Dynamic int8 (activations quantized
 too) stays on torchao's path, which already multiplies in int8 (`torch._int_mm`).
 
-Shapes: N rows (tokens), I input features, O output features.
+Shapes: N tokens (B * T), C channels (the input features), O head outputs (the output features).
 """
 
 import torch
@@ -30,7 +30,7 @@ INT8PACK_ON = _INT8PACK is not None and _capability() in INT8PACK_CAPABILITIES
 
 
 def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(qdata [O, I] int8, scale [O]) of a torchao per-row, symmetric, weight-only int8 weight; None for any other
+    """(qdata [O, C] int8, scale [O]) of a torchao per-row, symmetric, weight-only int8 weight; None for any other
     weight (dynamic activation quantization, groups, zero points, pre-scales)."""
     qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
     if not (isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor)) or qdata.dtype != torch.int8:

@@ -2,7 +2,8 @@
 and fivefold side by side, counted the same way: the modules quantized (fivefold: every linear layer stock's
 quantizer would take, its experts included, routers and output embeddings left out), the largest difference
 from the unquantized model (fivefold's no worse than 1.5x stock's where both quantize the same modules), the
-bytes of the quantized weights, generate(), save_pretrained and reloading where the quantizer serialises, and
+bytes of the quantized weights, generate(), save_pretrained and reloading where the quantizer serialises (on
+Mixtral), and
 loading the saved folder with stock transformers alone. A quantizer that quantizes nothing is an error.
 
 Every architecture is quantized by torchao int8 weight-only and one more quantizer (in turn); BERT, GPT-2 and
@@ -62,6 +63,7 @@ QUANTIZERS = {
     "bnb-4bit": Quantizer("bitsandbytes", 4, True),
 }
 EVERY_QUANTIZER = ("bert", "gpt2", "mixtral")  # an encoder, a decoder, a mixture of experts
+SAVED = ("mixtral",)  # the rows saved and reloaded under every quantizer that serialises (a load each: time)
 # The quantizer of each other row, in turn.
 IN_TURN = ("torchao-int8-weight", "quanto-int8", "bnb-8bit", "torchao-int8-dynamic", "bnb-4bit")
 
@@ -166,7 +168,7 @@ def test_quantized_like_stock(unquantized, arch, name, tmp_path):
         prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
         out = ours.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         assert out.shape[0] == prompt["input_ids"].shape[0]
-    if quantizer.serialises:
+    if quantizer.serialises and arch.stock_model_type in SAVED:
         ours.save_pretrained(tmp_path / "q")
         again = cls.from_pretrained(tmp_path / "q").eval()
         assert quantized_modules(again) == got
