@@ -21,7 +21,7 @@ __all__ = [
     "stock_class_name",
 ]
 
-NAMES = ("bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5")
+NAMES = ("bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5", "llama", "mistral", "qwen2", "qwen3")
 
 
 def load(module: str) -> Architecture:
