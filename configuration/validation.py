@@ -30,6 +30,25 @@ def check_rope_type(rope_type: str) -> None:
         raise ValueError(f"rope_type {rope_type!r} is not supported by fivefold; supported: {', '.join(supported)}")
 
 
+def check_grouped_heads(config: Any) -> None:
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"num_key_value_heads ({config.num_key_value_heads}) must divide num_attention_heads "
+            f"({config.num_attention_heads}): each key/value head serves a whole group of query heads"
+        )
+
+
+def check_grouped_heads_and_experts(config: Any) -> None:
+    """A mixture-of-experts decoder's rules: key/value heads serve whole groups, no more experts per token than
+    there are."""
+    check_grouped_heads(config)
+    if config.num_experts_per_tok > config.num_local_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({config.num_experts_per_tok}) must not exceed num_local_experts "
+            f"({config.num_local_experts})"
+        )
+
+
 def check_llama_like(config: Any) -> None:
     """The rules of a Llama-like decoder (modeling/llama_like.py): sizes positive, heads of a width that divides
     (or a head_dim of its own), key/value heads dividing the query heads, a supported rope type, and a positive
@@ -39,11 +58,7 @@ def check_llama_like(config: Any) -> None:
         check_attention_heads(config)
     else:
         check_positive(config, "head_dim", "num_attention_heads")
-    if config.num_attention_heads % config.num_key_value_heads:
-        raise ValueError(
-            f"num_key_value_heads ({config.num_key_value_heads}) must divide num_attention_heads "
-            f"({config.num_attention_heads}): each key/value head serves a whole group of query heads"
-        )
+    check_grouped_heads(config)
     check_rope_type((config.rope_parameters or {}).get("rope_type", "default"))
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and len(layer_types) != config.num_hidden_layers:

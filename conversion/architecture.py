@@ -29,6 +29,9 @@ class Architecture:
     # not take the config falls back on the class `config.architectures` names inside transformers, which holds
     # no fivefold class: T5 in "text-generation" reaches its conditional-generation class this way instead.
     pipeline_fallbacks: dict[str, str] = field(default_factory=dict)
+    # The `quant_method`s of stock checkpoints whose stored tensors the key map dequantizes (gpt-oss: "mxfp4"); a
+    # checkpoint quantized any other way is refused.
+    quantized_layouts: tuple[str, ...] = ()
     # Stock class name -> its base_model_prefix, where it differs from `stock_prefix` (LlamaForQuestionAnswering
     # keeps its base under `transformer.`, the other Llama classes under `model.`).
     stock_prefixes: dict[str, str] = field(default_factory=dict)

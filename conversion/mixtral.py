@@ -2,9 +2,6 @@
 (`block_sparse_moe.experts.E.w1/w2/w3`), the same layout as fivefold's per-expert modules, so conversion is a
 plain rename. Sharded files are read through their index like any other checkpoint."""
 
-import torch
-from torch import nn
-
 from fivefold.configuration.mixtral import FivefoldMixtralConfig
 from fivefold.modeling import mixtral as modeling
 
@@ -24,18 +21,6 @@ MIXTRAL_BASE = {
 MIXTRAL_HEADS = {"lm_head": "lm_head", "score": "score"}
 
 MIXTRAL_KEYS = KeyMap(renames(MIXTRAL_BASE), renames(MIXTRAL_HEADS))
-
-
-@torch.no_grad()
-def copy_stock_moe_block(stock: nn.Module, ours: nn.Module) -> None:
-    """Copies an in-memory stock `MixtralSparseMoeBlock` (transformers 5 fuses its experts into
-    `gate_up_proj [E, 2F, C]` and `down_proj [E, C, F]`) into a fivefold `MixtureOfExperts`."""
-    width = stock.experts.down_proj.shape[-1]
-    ours.router.weight.copy_(stock.gate.weight)
-    for e, expert in enumerate(ours.experts):
-        expert.gate_proj.weight.copy_(stock.experts.gate_up_proj[e, :width])
-        expert.up_proj.weight.copy_(stock.experts.gate_up_proj[e, width:])
-        expert.down_proj.weight.copy_(stock.experts.down_proj[e])
 
 
 # Four experts, two per token; two key/value heads for four query heads (grouped-query attention). The expert

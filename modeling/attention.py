@@ -34,6 +34,7 @@ class AttentionSpec:
     qk_norm: str = "none"  # key in QK_NORMS: RMSNorm of queries and keys per head ("head"), across heads ("width")
     qk_norm_eps: float = 1e-6
     window: int | None = None  # a sliding window: keys at most this many positions from the query; None: all
+    sinks: bool = False  # a learned logit per head that joins every row's softmax and takes its share of nothing
 
     @property
     def per_head(self) -> int:
@@ -81,6 +82,8 @@ class Attention(nn.Module):
         self.k_norm = build_qk_norm(spec.qk_norm, self.num_kv_heads, self.head_dim, spec.qk_norm_eps)
         self.positions = POSITIONS[spec.positions]()
         self.rotary_theta = spec.rotary_theta  # the stack builds one (cos, sin) table per distinct base
+        # gpt-oss's attention sinks ([H], `s_aux` to the kernels); None: every row's weights sum to one.
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if spec.sinks else None
 
     def forward(
         self,
@@ -109,7 +112,9 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kernel for this call, then the output projection: [B, T, C] and the weights (eager only)."""
         b, _, t, _ = query.shape
-        out, weights = attention_kernel(self.config, attention_mask)(
+        if self.sinks is not None:
+            kwargs["s_aux"] = self.sinks
+        out, weights = attention_kernel(self.config, attention_mask, self.sinks is not None)(
             self,
             query,
             key,

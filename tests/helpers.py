@@ -22,6 +22,12 @@ from fivefold.conversion.source import build_config
 from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 
+def stock_attention(stock_name: str, attn: str) -> str:
+    """The kernel a stock class runs as `attn`: eager where stock has no sdpa (gpt-oss, whose sinks its sdpa
+    cannot take; fivefold's sdpa takes them, and is compared with stock's eager)."""
+    return "eager" if attn == "sdpa" and not getattr(transformers, stock_name)._supports_sdpa else attn
+
+
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder's safetensors files, sharded or not."""
     out = {}
