@@ -69,6 +69,14 @@ LLAMA_3_2_1B = dict(
     eos_token_id=128001,
 )  # fmt: skip
 
+# HuggingFaceTB/SmolLM2-135M-Instruct's config.json (the real weights of tests/test_real_weights.py and
+# benchmarks/decoders.py): a Llama of 9 query and 3 key/value heads, tied embeddings.
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+)  # fmt: skip
+
 ARCHITECTURE = Architecture(
     stock_model_type="llama",
     stock_prefix="model",
@@ -77,6 +85,10 @@ ARCHITECTURE = Architecture(
     models=llama_like_models(modeling, "Llama"),
     keys=lambda config: LLAMA_KEYS,
     tiny=TINY_LLAMA_LIKE,
-    public={"meta-llama/Llama-3.1-8B": LLAMA_3_1_8B, "meta-llama/Llama-3.2-1B": LLAMA_3_2_1B},
+    public={
+        "meta-llama/Llama-3.1-8B": LLAMA_3_1_8B,
+        "meta-llama/Llama-3.2-1B": LLAMA_3_2_1B,
+        "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2_135M,
+    },
     sample_inputs=causal_text_sample,
 )

@@ -21,7 +21,9 @@ __all__ = [
     "stock_class_name",
 ]
 
-NAMES = ("bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5", "gpt_oss")
+NAMES = (
+    "bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5", "llama", "mistral", "qwen2", "qwen3", "gpt_oss",
+)  # fmt: skip
 
 
 def load(module: str) -> Architecture:
