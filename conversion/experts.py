@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from .errors import ConversionError
-from .keymap import TRANSFORMS, Rule, Shape, Transform
+from .keymap import TRANSFORMS, KeyMap, Rule, Shape, Transform, renames
+from .llama import LLAMA_BASE, LLAMA_HEADS
 
 
 @torch.no_grad()
@@ -68,3 +69,26 @@ def fused_expert_rules(stock: str, ours: str, num_experts: int) -> list[Rule]:
         Rule((f"{stock}.gate_up_proj",), each("gate_proj") + each("up_proj"), "unstack_gate_up", import_only=True),
         Rule((f"{stock}.down_proj",), each("down_proj"), "unstack", import_only=True),
     ]
+
+
+# The Qwen-style mixtures (Qwen2-MoE, Qwen3-MoE, OLMoE), `model.` prefix on head models: the Llama layout (its
+# dense feed-forward for the dense layers between MoE layers), the router `mlp.gate`, per-expert tensors
+# (`mlp.experts.E.gate_proj/up_proj/down_proj`) as the Hub holds them, and Qwen2-MoE's `mlp.shared_expert.*` and
+# `mlp.shared_expert_gate`. A rule no tensor of a given architecture matches is simply unused.
+QWEN_STYLE_MOE_BASE = {
+    **LLAMA_BASE,
+    "layers.{}.mlp.gate": "layers.{}.mlp.router",
+    "layers.{}.mlp.experts.{}.gate_proj": "layers.{}.mlp.experts.{}.gate_proj",
+    "layers.{}.mlp.experts.{}.up_proj": "layers.{}.mlp.experts.{}.up_proj",
+    "layers.{}.mlp.experts.{}.down_proj": "layers.{}.mlp.experts.{}.down_proj",
+    "layers.{}.mlp.shared_expert.gate_proj": "layers.{}.mlp.shared_expert.expert.gate_proj",
+    "layers.{}.mlp.shared_expert.up_proj": "layers.{}.mlp.shared_expert.expert.up_proj",
+    "layers.{}.mlp.shared_expert.down_proj": "layers.{}.mlp.shared_expert.expert.down_proj",
+    "layers.{}.mlp.shared_expert_gate": "layers.{}.mlp.shared_expert.gate",
+}
+
+
+def qwen_style_moe_keys(config) -> KeyMap:
+    """The key map of a Qwen-style mixture with `config.num_experts` experts a layer, both expert layouts."""
+    fused = fused_expert_rules("layers.{}.mlp.experts", "layers.{}.mlp.experts", config.num_experts)
+    return KeyMap([*renames(QWEN_STYLE_MOE_BASE), *fused], renames(LLAMA_HEADS))

@@ -22,7 +22,8 @@ __all__ = [
 ]
 
 NAMES = (
-    "bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5", "llama", "mistral", "qwen2", "qwen3", "gpt_oss",
+    "bert", "roberta", "modernbert", "vit", "gpt2", "mixtral", "t5",
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss",
 )  # fmt: skip
 
 

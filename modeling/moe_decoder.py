@@ -11,6 +11,8 @@ from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOut
 from .attention import Attention
 from .block import Block
 from .decoder import DecoderForCausalLM, DecoderModel, DecoderPreTrainedModel
+from .feedforward import FeedForwardSpec
+from .llama_like import gated_feedforward
 from .moe import MoESpec, load_balancing_loss, router_z_loss
 from .routers import RouterLogits
 
@@ -74,3 +76,12 @@ def qwen_style_experts(config, expert_size: int, shared_expert_size: int = 0) ->
         norm_topk_prob=config.norm_topk_prob,
         shared_expert_size=shared_expert_size,
     )
+
+
+def qwen_style_feedforward(config, layer_idx: int) -> FeedForwardSpec | MoESpec:
+    """Qwen2-MoE's and Qwen3-MoE's layer `layer_idx`: the Llama-like dense feed-forward where `sparse_layer` says
+    no, else the mixture, beside a shared expert where the config gives one a width."""
+    if not sparse_layer(config, layer_idx):
+        return gated_feedforward(config, layer_idx)
+    shared = getattr(config, "shared_expert_intermediate_size", 0)
+    return qwen_style_experts(config, config.moe_intermediate_size, shared)
