@@ -29,6 +29,9 @@ DIFFERENCES = {
     ("*ForTokenClassification", "supports_pp_plan"): "as for sequence classification",
     ("*ForQuestionAnswering", "supports_pp_plan"): "as for sequence classification",
     ("GPT2Model", "supports_pp_plan"): "the base model declares the plan its causal LM splits by",
+    ("GptOss*", "_supports_sdpa"): "fivefold's gpt-oss attention adds its sinks under sdpa too (modeling/gpt_oss.py); "
+    "stock's runs them in eager and flash kernels only",
+    ("GptOssModel", "supports_pp_plan"): "fivefold's gpt-oss config declares no pipeline plan yet: refused at load",
     ("GPT2LMHeadModel", "supports_pp_plan"): "stock GPT-2 has no pipeline plan (its splitter fails on it); "
     "fivefold's equals one process (tests/test_distributed_pipeline_parallel.py)",
 }
