@@ -29,7 +29,7 @@ def test_pipeline_parallel_equals_one_process_or_is_refused(tmp_path):
     assert {"FivefoldGPT2LMHeadModel", "FivefoldMixtralForCausalLM"} <= SPLIT
     results = launch("pipeline_parallel", 2, tmp_path, {}, timeout=300)
     for result in results:
-        assert len(result) == len(ARCHITECTURES)  # the task class of each (tests/workers/task_classes.py)
+        assert len(result) == len(ARCHITECTURES)  # one class of each, a decoder's causal LM
         assert SPLIT & set(result)
         for name, r in result.items():
             if name not in SPLIT:
