@@ -1,4 +1,4 @@
-"""The `fivefold` command: convert, verify, export, push, demo."""
+"""The `fivefold` command: convert, verify, export, push, demo, serve (`transformers serve`, fivefold imported)."""
 
 import argparse
 import logging
@@ -94,6 +94,11 @@ def _warning_line(command: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # every option is transformers serve's own
+        from fivefold.serving import serve
+
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _warning_line(args.command)

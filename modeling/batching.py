@@ -5,10 +5,12 @@ transformers' manager never raises: a request that fails ends with `.error` set 
 `generate(cache_implementation="paged")` then returns the prompt alone. fivefold's `generate_batch` raises instead,
 naming the failed requests and their errors. A model whose inputs the manager cannot build (an encoder-decoder: it
 feeds decoder-only rows) refuses before the manager starts. The paged cache itself is read by the shared attention
-(`cache.update(..., kwargs=...)`) and its masks by kernels.paged_masks.
+(`cache.update(..., kwargs=...)`) and its masks by paged_masks below.
 """
 
 from typing import Any, ClassVar
+
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 
 
 class ContinuousBatching:
@@ -34,3 +36,18 @@ class ContinuousBatching:
             shown = "; ".join(f"{request}: {error}" for request, error in list(failed.items())[:3])
             raise RuntimeError(f"continuous batching failed for {len(failed)} of {len(outputs)} requests ({shown})")
         return outputs
+
+
+def is_paged(cache: object) -> bool:
+    """Whether the cache is continuous batching's paged one: it holds many requests in one [1, N] row, has no
+    sequence length or static size, and comes with ready-made masks."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list:
+    """Continuous batching's masks for each block: one [1, 1, N, S] mask for all blocks (None for flash kernels,
+    which read cu_seq_lens), or one per layer type where full and sliding layers mix, keyed by transformers'
+    names for them; the paged cache's allocators are grouped by the same names."""
+    if not isinstance(attention_mask, dict):
+        return [attention_mask] * len(windows)
+    return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]

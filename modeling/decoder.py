@@ -24,9 +24,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .batching import ContinuousBatching
+from .batching import ContinuousBatching, is_paged
 from .heads import last_real_token
-from .kernels import causal_masks, check_attention_mask, is_paged
+from .kernels import causal_masks, check_attention_mask
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
@@ -78,7 +78,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
             cache = DynamicCache(config=self.config)
 
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        if not is_paged(cache):  # continuous batching's masks are its own (kernels.paged_masks)
+        if not is_paged(cache):  # continuous batching's masks are its own (batching.paged_masks)
             check_attention_mask(attention_mask, batch, length, cached=True)
         if position_ids is None:
             past = cache.get_seq_length(self.first_layer) if cache is not None else 0

@@ -25,7 +25,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -35,6 +34,7 @@ from transformers.masking_utils import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import is_flash_attention_requested
 
+from .batching import is_paged, paged_masks
 from .padding import PackedSequences
 from .tracing import tracing
 
@@ -268,21 +268,6 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
     return per_block(windows, build)
 
 
-def is_paged(cache: object) -> bool:
-    """Whether the cache is continuous batching's paged one: it holds many requests in one [1, N] row, has no
-    sequence length or static size, and comes with ready-made masks."""
-    return isinstance(cache, PagedAttentionCache)
-
-
-def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list:
-    """Continuous batching's masks for each block: one [1, 1, N, S] mask for all blocks (None for flash kernels,
-    which read cu_seq_lens), or one per layer type where full and sliding layers mix, keyed by transformers'
-    names for them; the paged cache's allocators are grouped by the same names."""
-    if not isinstance(attention_mask, dict):
-        return [attention_mask] * len(windows)
-    return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]
-
-
 def causal_masks(
     config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows, first_layer: int = 0
 ) -> list:
@@ -292,10 +277,10 @@ def causal_masks(
     decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it.
     Continuous batching brings its own masks (`paged_masks`). The cache is read at the first layer this process
     runs (`first_layer`: a pipeline stage's own, whose earlier layers never write it), per window."""
-    if isinstance(attention_mask, dict):  # generate's masks over a static cache, one per entry of `layer_types`
-        return [attention_mask[layer_type] for layer_type in config.layer_types]
     if is_paged(cache):
         return paged_masks(attention_mask, windows)
+    if isinstance(attention_mask, dict):  # generate's masks over a static cache, one per entry of `layer_types`
+        return [attention_mask[layer_type] for layer_type in config.layer_types]
     static = cache is not None and cache.is_compileable
     past = cache.get_seq_length(first_layer) if cache is not None and not static else 0
 

@@ -1,18 +1,27 @@
-"""DistributedConfig(pp_size=2) for the task class of every architecture: refused at load with a clear error, or the
-logits equal one process's and greedy generate gives the same tokens."""
+"""DistributedConfig(pp_size=2) for one class of every architecture (a decoder's causal LM): refused at load with a
+clear error, or the logits equal one process's and greedy generate gives the same tokens."""
 
 import torch
+import torch.distributed as dist
 import transformers
-from gloo_worker import finish, max_diff, start, tiny_checkpoints
+from gloo_worker import finish, folder, max_diff, start
 from transformers.distributed import DistributedConfig
 
+from fivefold.architectures import ARCHITECTURES
 from fivefold.conversion.architecture import stock_class_name
 
 rank, world = start()
 transformers.utils.logging.set_verbosity_error()
 GREEDY = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False)
 result = {}
-for arch, cls, path in tiny_checkpoints():
+for arch in ARCHITECTURES:
+    # The causal LM of a decoder (what pipeline parallelism splits), else the architecture's first class.
+    cls = arch.models.get("AutoModelForCausalLM") or next(iter(arch.models.values()))
+    path = folder / cls.__name__
+    if rank == 0:
+        torch.manual_seed(0)
+        cls(arch.config_class(**arch.tiny)).save_pretrained(path)
+    dist.barrier()
     try:
         split = cls.from_pretrained(path, distributed_config=DistributedConfig(pp_size=world)).eval()
     except ValueError as error:

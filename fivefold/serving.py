@@ -1,0 +1,47 @@
+"""`transformers serve` (the OpenAI-compatible server) on a fivefold folder.
+
+transformers 5.24's model manager (`cli/serving/model_manager.py`) finds the class to load as
+`getattr(transformers, config.architectures[0])`, not through the Auto classes: a class outside the transformers
+namespace (`FivefoldGPT2LMHeadModel`) stops the server at start-up, with or without `--trust-remote-code`. What
+should change upstream: fall back on the Auto class for the config (`AutoModelForCausalLM.from_pretrained`, which
+reads `auto_map` under `--trust-remote-code` and registered model types otherwise) when that name is not in the
+transformers namespace.
+
+Until then, with nothing patched: `servable(folder)` makes the folder name the Auto class in `architectures`, which
+the lookup finds in the namespace and which then resolves the folder's own model type (registered by `import
+fivefold`) or its shipped code (`--trust-remote-code`). `fivefold serve ...` is `transformers serve ...` in a process
+that has imported fivefold, so folders load through the registered classes without remote code.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+# The Auto class the server generates text with, for the class name a saved folder declares.
+GENERATING = {"ForCausalLM": "AutoModelForCausalLM", "LMHeadModel": "AutoModelForCausalLM"}
+
+
+def servable(folder: str | Path) -> Path:
+    """Rewrites the folder's config.json so that `transformers serve` can look its class up: `architectures` names
+    the Auto class (the model type and `auto_map` choose the class). Saving the model again writes its class name
+    back. Returns the folder."""
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    declared = (config.get("architectures") or [""])[0]
+    auto = next((auto for suffix, auto in GENERATING.items() if declared.endswith(suffix)), None)
+    if auto is None and declared not in GENERATING.values():
+        raise ValueError(
+            f"{folder} declares architectures {config.get('architectures')!r}: transformers serve generates text, "
+            "which fivefold's causal LMs do (save or convert the folder with one)"
+        )
+    config["architectures"] = [auto or declared]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return Path(folder)
+
+
+def serve(argv: list[str]) -> int:
+    """`transformers serve ARGV` in this process, where importing this package registered fivefold's model types."""
+    from transformers.cli.transformers import main
+
+    sys.argv = ["transformers", "serve", *argv]
+    return main() or 0
