@@ -14,6 +14,7 @@ from transformers.distributed.parallel_utils import replace_layer_number_by_wild
 from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
+from .owned_memory import own_file_backed_tensors
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .rotary import RotaryEmbedding, rotary_inverse_frequencies
 
@@ -34,6 +35,9 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
+    # Copy CPU weights out of the memory-mapped checkpoint at load (owned_memory.py says why and what it costs);
+    # False keeps them mapped, for a checkpoint on storage nobody changes.
+    copy_file_backed_weights: ClassVar[bool] = True
     # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together, and the ranks
     # that split the experts.
     data_parallel_group: Any = None
@@ -60,7 +64,16 @@ class FivefoldPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
-        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
+        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory. CPU
+        weights get memory of their own (`copy_file_backed_weights`): a shard changed under the running model
+        cannot crash it."""
+        model = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
+        if cls.copy_file_backed_weights:
+            own_file_backed_tensors(model)
+        return model
+
+    @classmethod
+    def _load(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         if cls.converter is not None and pretrained_model_name_or_path is not None:
             hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
             stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
