@@ -67,10 +67,10 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory. CPU
         weights get memory of their own (`copy_file_backed_weights`): a shard changed under the running model
         cannot crash it."""
-        model = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
+        loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
         if cls.copy_file_backed_weights:
-            own_file_backed_tensors(model)
-        return model
+            own_file_backed_tensors(loaded[0] if isinstance(loaded, tuple) else loaded)  # output_loading_info
+        return loaded
 
     @classmethod
     def _load(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
