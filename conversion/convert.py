@@ -11,6 +11,7 @@ import torch
 from .architecture import stock_class_name
 from .errors import ConversionError
 from .hub import HubRef, check_can_push, push_folder
+from .integrity import folder_hashes
 from .keymap import Plan
 from .model_card import model_card
 from .reader import CheckpointReader, checked_getter
@@ -117,7 +118,7 @@ def convert(
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
         where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
-        card = model_card(arch, target, str(src), folder, **where)
+        card = model_card(arch, target, str(src), folder, **where, hashes=folder_hashes(tmp))
         (tmp / "README.md").write_text(card, encoding="utf-8")
     if push_to_hub is not None:
         push_folder(dst, push_to_hub, private=private, commit_message=commit_message, token=token)

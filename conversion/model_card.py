@@ -4,6 +4,8 @@ naming the model, and how to load it with and without fivefold."""
 import re
 from pathlib import Path
 
+from .remote_code import fivefold_version
+
 # The Hub's pipeline tag of the task an Auto class loads (absent: no pipeline serves that head).
 _PIPELINE_TAGS = {
     "AutoModel": "feature-extraction",
@@ -64,6 +66,15 @@ def _carried(source_folder: Path) -> dict:
     return kept
 
 
+def _integrity_note(hashes: dict | None) -> str:
+    if not hashes:
+        return ""
+    return (
+        f"\nThe metadata above lists the sha256 of each of the {len(hashes)} files beside this card (weights, code,"
+        "\nconfig); `fivefold verify --integrity FOLDER` checks a copy against them."
+    )
+
+
 def model_card(
     arch,
     target: type,
@@ -73,10 +84,12 @@ def model_card(
     hub_id: str | None,
     repo_id: str | None,
     sentence_transformers: bool = False,
+    hashes: dict[str, str] | None = None,
 ) -> str:
     """The card of a conversion of `src` (`hub_id`: the Hub repo it came from, None for a local folder; `repo_id`:
     where it is pushed, for the usage snippet; `sentence_transformers`: the folder is a sentence-transformers
-    model)."""
+    model; `hashes`: the sha256 of each file beside the card, recorded with the fivefold version under the
+    metadata's `fivefold` key for `fivefold verify --integrity`)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     tags = ["fivefold", arch.stock_model_type, *(["sentence-transformers"] if sentence_transformers else [])]
@@ -86,6 +99,8 @@ def model_card(
         data.base_model = hub_id
     for key, value in _carried(source_folder).items():
         setattr(data, key, value)
+    if hashes is not None:
+        data.fivefold = {"version": fivefold_version(), "sha256": dict(sorted(hashes.items()))}
     name, auto, where = display_name(src, hub_id), auto_class_of(arch, target), repo_id or "path/to/this/folder"
     origin = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id is not None else f"`{name}`"
     body = f"""
@@ -93,7 +108,7 @@ def model_card(
 
 {origin} ({target.__name__.removeprefix("Fivefold")}) converted with `fivefold convert` to fivefold's
 `{arch.model_type}` layout ({target.__name__}). Tensors were renamed, not changed; `fivefold export` writes the
-stock layout back.
+stock layout back.{_integrity_note(hashes)}
 
 ## Usage
 

@@ -51,15 +51,28 @@ def shipped_modules(*classes: type) -> dict[str, str]:
     return sources
 
 
+def fivefold_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fivefold")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "unknown"
+
+
 def flatten_source(module_name: str, source: str) -> str:
+    """The module as shipped: its relative imports flattened, under a first line naming the fivefold version and
+    the file it was copied from (the model card holds each shipped file's hash)."""
     package = module_name.rpartition(".")[0]
+    origin = module_name.removeprefix("fivefold.").replace(".", "/")
+    header = f"# Shipped by fivefold {fivefold_version()}: a flat copy of {origin}.py\n"
 
     def rewrite(m: re.Match) -> str:
         dots = len(m[2]) - len(m[2].lstrip("."))
         target = importlib.util.resolve_name(m[2], package) if dots else m[2]
         return f"{m[1]}from .{flat_module_name(target)} import"
 
-    return _RELATIVE_FROM.sub(rewrite, source)
+    return header + _RELATIVE_FROM.sub(rewrite, source)
 
 
 def auto_map_for(config_class: type) -> dict[str, str]:

@@ -50,8 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     _quiet(p)
 
     p = sub.add_parser("verify", help="run stock SRC and fivefold DST on the same inputs, print max abs diffs")
-    p.add_argument("src", help=f"the stock checkpoint: {_SOURCES}")
-    p.add_argument("dst", help=f"its fivefold conversion: {_SOURCES}")
+    p.add_argument("src", nargs="?", help=f"the stock checkpoint: {_SOURCES}")
+    p.add_argument("dst", nargs="?", help=f"its fivefold conversion: {_SOURCES}")
+    p.add_argument("--integrity", metavar="FOLDER", help="instead: check every file of a converted FOLDER against "
+                   "the sha256 its model card records")  # fmt: skip
     p.add_argument("--atol", type=float, default=1e-4, help="fail above this difference (default 1e-4)")
     _hub_source(p, "SRC")
     _hub_source(p, "DST", prefix="dst-")
@@ -135,7 +137,11 @@ def _run(args: argparse.Namespace) -> int:
             options = dict(private=args.private or None, commit_message=args.commit_message, token=token)
             url = push_folder(args.folder, args.repo_id, **options, **hub)
             say(f"pushed {args.folder} -> {args.repo_id} ({url})")
+        elif args.command == "verify" and args.integrity is not None:
+            return _check_integrity(args)
         elif args.command == "verify":
+            if args.src is None or args.dst is None:
+                raise ConversionError("verify needs SRC and DST (or --integrity FOLDER)")
             from fivefold.conversion import verify
 
             dst_hub = dict(dst_revision=args.dst_revision, dst_subfolder=args.dst_subfolder)
@@ -153,6 +159,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fivefold {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_integrity(args: argparse.Namespace) -> int:
+    from fivefold.conversion.integrity import check_folder
+
+    if args.src is not None:
+        raise ConversionError("verify --integrity takes one FOLDER, not SRC and DST")
+    recorded, findings = check_folder(args.integrity)
+    for finding in findings:
+        print(f"fivefold verify: {finding}", file=sys.stderr)
+    bad = {f.name for f in findings}
+    print(f"{len(recorded) - len(bad & set(recorded))} of {len(recorded)} files match their recorded sha256"
+          + (f"; {len(findings)} problem(s)" if findings else ""))  # fmt: skip
+    return 1 if findings else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
+from .owned_memory import own_file_backed_tensors
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
@@ -37,6 +38,9 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # in memory and writes the shipped code. None in code shipped inside a checkpoint and run without fivefold,
     # where only checkpoints in fivefold's layout exist and transformers copies the code itself.
     converter: ClassVar[Any] = None
+    # Copy CPU weights out of the memory-mapped checkpoint at load (owned_memory.py says why and what it costs);
+    # False keeps them mapped, for a checkpoint on storage nobody changes.
+    copy_file_backed_weights: ClassVar[bool] = True
     # Set under expert parallelism: the ranks whose batches the load-balancing loss counts together, and the ranks
     # that split the experts.
     data_parallel_group: Any = None
@@ -94,11 +98,14 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
-        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
-        quantized nothing, raises QuantizationError (quantization.py)."""
+        CPU weights get memory of their own (`copy_file_backed_weights`): a shard changed under the running model
+        cannot crash it. Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a
+        quantizer that quantized nothing, raises QuantizationError (quantization.py)."""
         loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
         check_quantized(model)
+        if cls.copy_file_backed_weights:
+            own_file_backed_tensors(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
         return loaded
 

@@ -18,7 +18,9 @@ def card_of(folder) -> ModelCard:
 def test_local_source_has_no_base_model_and_no_path(converted):
     src, dst = converted("bert", "BertForMaskedLM")
     card = card_of(dst)
-    assert card.data.to_dict() == {
+    data = card.data.to_dict()
+    assert set(data.pop("fivefold")) == {"version", "sha256"}  # the integrity record (test_integrity.py)
+    assert data == {
         "library_name": "transformers",
         "tags": ["fivefold", "bert"],
         "pipeline_tag": "fill-mask",
@@ -39,7 +41,7 @@ def test_no_source_string_adds_a_field(stock_checkpoint, tmp_path):
     )
     card = card_of(fivefold.convert(src, tmp_path / "out", progress=False))
     data = card.data.to_dict()
-    assert set(data) == {"library_name", "tags", "pipeline_tag", "license", "language"}
+    assert set(data) == {"library_name", "tags", "pipeline_tag", "license", "language", "fivefold"}
     assert data["license"] == "mit\npipeline_tag: injected" and data["pipeline_tag"] == "fill-mask"
     assert data["language"] == ["en", "fr"]  # carried; datasets (not a list of names) and base_model are not
     assert "/home/someone" not in card.content

@@ -1,0 +1,80 @@
+"""A training job killed between two checkpoints resumes exactly: Trainer on a converted BERT, GPT-2 and Mixtral
+(router jitter noise on, the auxiliary loss on, dropout on) is killed with SIGKILL after checkpoint 2 and before
+checkpoint 4, resumed with `resume_from_checkpoint`, and ends with the uninterrupted run's weights bit for bit
+(fp32, one process, the same thread count: Trainer's checkpoint holds the optimizer, scheduler, the RNG states and
+the data order)."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+# One run of the job: "full" trains 6 steps, "killed" SIGKILLs itself at step 3 (checkpoint-2 on disk, not
+# checkpoint-4), "resume" continues from the last checkpoint. Saves the final weights to OUT/final.pt.
+JOB = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch, transformers
+    import fivefold
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    folder, kind, out, mode = sys.argv[1:5]
+    overrides = {"mixtral": dict(router_jitter_noise=0.2, output_router_logits=True, router_aux_loss_coef=0.5)}
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder) if kind == "bert" else (
+        transformers.AutoModelForCausalLM.from_pretrained(folder, **overrides.get(kind, {})))
+    model.train()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, model.config.vocab_size, (32, 10), generator=gen)
+    labels = ids.masked_fill(torch.rand(ids.shape, generator=gen) < 0.5, -100) if kind == "bert" else ids
+    data = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": l} for i, l in zip(ids, labels)]
+
+    class KillAtStep3(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    args = transformers.TrainingArguments(
+        output_dir=out, max_steps=6, save_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
+        lr_scheduler_type="linear", warmup_steps=2, report_to=[], use_cpu=True, seed=0, data_seed=0,
+        disable_tqdm=True, dataloader_num_workers=0, save_only_model=False,
+    )
+    callbacks = [KillAtStep3()] if mode == "killed" else []
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+    torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
+    """
+)
+CASES = [("bert", "BertForMaskedLM"), ("gpt2", "GPT2LMHeadModel"), ("mixtral", "MixtralForCausalLM")]
+
+
+def _job(script, folder, kind, out, mode) -> subprocess.Popen:
+    args = [sys.executable, "-c", script, str(folder), kind, str(out), mode]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_to_the_uninterrupted_weights(converted, tmp_path):
+    folders = {kind: converted(kind, cls)[1] for kind, cls in CASES}
+    # The uninterrupted runs and the killed ones, all at once (separate output folders).
+    jobs = {(kind, mode): _job(JOB, folders[kind], kind, tmp_path / f"{kind}-{mode}", mode)
+            for kind in folders for mode in ("full", "killed")}  # fmt: skip
+    for (kind, mode), job in jobs.items():
+        _, err = job.communicate(timeout=900)
+        expected = -signal.SIGKILL if mode == "killed" else 0
+        assert job.returncode == expected, f"{kind} {mode}: {err[-3000:]}"
+    for kind in folders:
+        killed = tmp_path / f"{kind}-killed"
+        assert sorted(p.name for p in killed.glob("checkpoint-*")) == ["checkpoint-2"]  # between 2 and 4
+        assert not (killed / "final.pt").exists()
+    resumed = {kind: _job(JOB, folders[kind], kind, tmp_path / f"{kind}-killed", "resume") for kind in folders}
+    for kind, job in resumed.items():
+        _, err = job.communicate(timeout=900)
+        assert job.returncode == 0, f"{kind} resume: {err[-3000:]}"
+        full = torch.load(tmp_path / f"{kind}-full" / "final.pt")
+        again = torch.load(tmp_path / f"{kind}-killed" / "final.pt")
+        assert full.keys() == again.keys()
+        differing = [k for k in full if not torch.equal(full[k], again[k])]
+        assert differing == [], f"{kind}: {len(differing)} tensors differ, e.g. {differing[:3]}"
