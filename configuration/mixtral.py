@@ -6,7 +6,7 @@ from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
 from .parallel import tensor_parallel_plan
-from .validation import check_attention_heads, check_positive
+from .validation import check_llama_like, check_positive
 
 
 @strict(accept_kwargs=True)
@@ -22,32 +22,10 @@ class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
 
     def validate_architecture(self) -> None:
         super().validate_architecture()
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_key_value_heads",
-            "num_local_experts",
-            "num_experts_per_tok",
-        )
-        if self.head_dim is None:
-            check_attention_heads(self)
-        else:
-            check_positive(self, "head_dim", "num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads}): each key/value head serves a whole group of query heads"
-            )
+        check_llama_like(self)
+        check_positive(self, "intermediate_size", "num_local_experts", "num_experts_per_tok")
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError(
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must not exceed num_local_experts "
                 f"({self.num_local_experts})"
             )
-        if self.sliding_window is not None:
-            check_positive(self, "sliding_window")
-        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported by fivefold_mixtral (only 'default')")

@@ -19,8 +19,14 @@ def tensor_parallel_plan(
         attentions = ("attn", "cross_attn") if cross_attention and stack == "decoder" else ("attn",)
         for attention in attentions:
             plan |= {f"{blocks}.{attention}.{name}": style for name, style in ATTENTION.items()}
-        mlp = f"{blocks}.mlp.experts.*" if experts else f"{blocks}.mlp"
-        plan |= {f"{mlp}.{name}": style for name, style in FEEDFORWARD.items()}
+        # A mixture's experts, and the dense layers and shared expert some mixtures have beside them (a model keeps
+        # the rules that name its modules: pretrained.py).
+        mlps = (
+            [f"{blocks}.mlp.experts.*", f"{blocks}.mlp", f"{blocks}.mlp.shared_expert.expert"]
+            if experts
+            else [f"{blocks}.mlp"]
+        )
+        plan |= {f"{mlp}.{name}": style for mlp in mlps for name, style in FEEDFORWARD.items()}
         if relative_bias:
             plan[f"{stack}.relative_bias.relative_attention_bias"] = HEAD_COLUMNS
     return plan

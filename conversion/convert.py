@@ -14,7 +14,7 @@ from .hub import HubRef, check_can_push, push_folder
 from .keymap import Plan
 from .model_card import model_card
 from .reader import CheckpointReader, checked_getter
-from .remote_code import write_remote_code
+from .remote_code import remote_code_bytes, write_remote_code
 from .sentence_modules import copy_sentence_transformers_files, is_sentence_transformers
 from .side_files import copy_side_files
 from .source import (
@@ -52,7 +52,7 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
 
 
 def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
-    src_dtype = {t: reader.dtype(step.sources[0]) for step in plan.steps for t in step.targets}
+    src_dtype = plan.target_dtypes(reader.dtype)
     sizes = []
     for key, shape in produced.items():
         dt = dtype if dtype is not None and src_dtype[key].is_floating_point else src_dtype[key]
@@ -60,8 +60,7 @@ def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
     return sizes
 
 
-def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, produced, dtype, max_shard_size, progress):
-    sizes = _sizes(produced, plan, reader, dtype)
+def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, sizes, dtype, max_shard_size, progress):
     write_safetensors(tmp, sizes, _materializer(plan, reader, dtype), parse_size(max_shard_size), progress)
     copy_side_files(src, tmp)
     copy_sentence_transformers_files(src, tmp)
@@ -103,7 +102,7 @@ def convert(
     config = build_config(arch, stock, target, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(target), our_prefix(arch, target))
     _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     check_aliases(plan, reader)
     drop_tied_copies(plan, reader, config, tied)
@@ -111,8 +110,10 @@ def convert(
     if dtype is not None:
         config.dtype = DTYPES[dtype]
 
-    with atomic_folder(dst, force) as tmp:
-        _write_weights_and_side_files(tmp, folder, plan, reader, produced, DTYPES.get(dtype), max_shard_size, progress)
+    sizes = _sizes(produced, plan, reader, DTYPES.get(dtype))
+    needed = sum(size for _, size in sizes) + remote_code_bytes(arch.config_class)
+    with atomic_folder(dst, force, needed=needed) as tmp:
+        _write_weights_and_side_files(tmp, folder, plan, reader, sizes, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
         where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
@@ -161,12 +162,13 @@ def export(
     shapes = {k: reader.shape(k) for k in reader.keys()}
     dtypes = {k: reader.dtype(k) for k in reader.keys()}
     check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
-    stock_prefix = "" if target is arch.base_model else arch.stock_prefix
+    stock_prefix = "" if target is arch.base_model else arch.stock_prefix_of(target)
     plan = arch.keys(config).plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
 
-    with atomic_folder(dst, force) as tmp:
-        _write_weights_and_side_files(tmp, folder, plan, reader, produced, None, max_shard_size, progress)
+    sizes = _sizes(produced, plan, reader, None)
+    with atomic_folder(dst, force, needed=sum(size for _, size in sizes)) as tmp:
+        _write_weights_and_side_files(tmp, folder, plan, reader, sizes, None, max_shard_size, progress)
         stock = stock_config_dict(arch, ours, stock_class_name(target))
         (tmp / "config.json").write_text(json.dumps(stock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return dst

@@ -69,6 +69,13 @@ def auto_map_for(config_class: type) -> dict[str, str]:
     return {auto: f"{flat_module_name(cls.__module__)}.{cls.__name__}" for auto, cls in entries.items()}
 
 
+def remote_code_bytes(config_class: type) -> int:
+    """The bytes `write_remote_code` writes for `config_class` (what a conversion needs beside the weights)."""
+    arch = architecture_for_config(config_class)
+    sources = shipped_modules(config_class, *arch.models.values())
+    return sum(len(flatten_source(name, source).encode()) for name, source in sources.items())
+
+
 def write_remote_code(folder: str | Path, config_class: type) -> dict[str, str]:
     """Writes the flat code for `config_class`'s architecture into `folder`; returns the config's `auto_map`."""
     arch = architecture_for_config(config_class)

@@ -16,19 +16,20 @@ _WEIGHT_FILE = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|b
 
 
 @contextmanager
-def updated_folder(dst: str | os.PathLike) -> Iterator[Path]:
+def updated_folder(dst: str | os.PathLike, needed: int | None = None) -> Iterator[Path]:
     """`save_pretrained` made atomic: yields a temporary folder beside `dst` to save into, which then takes
     `dst`'s place in one step, carrying over (hard-linked) every entry of the old `dst` that the save did not
     write and that transformers would not have deleted. Killed at any instant, `dst` is the old folder or the
     new one. A symlink `dst` is followed: the folder it names is updated. The working directory, or a folder
-    holding it, is written in place."""
+    holding it, is written in place. `needed`: the bytes the save writes at least (refused at once where the
+    file system says they do not fit)."""
     dst = Path(dst).resolve() if Path(dst).is_symlink() else Path(os.path.abspath(dst))
     if holds_working_directory(dst):
         # Swapping the working directory (or a folder above it) would leave the process in a deleted folder:
         # written in place, as transformers does.
         yield dst
         return
-    with atomic_folder(dst, force=True) as tmp:
+    with atomic_folder(dst, force=True, needed=needed) as tmp:
         yield tmp
         if dst.is_dir():
             for entry in dst.iterdir():

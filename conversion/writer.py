@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from .errors import CheckpointWarning, ConversionError
 from .reader import _SAFE_DTYPES, SAFE_INDEX, SAFE_SINGLE
+from .space import check_space, folder_bytes, is_full, needs_and_has
 
 
 def parse_size(size: int | str) -> int:
@@ -70,15 +71,17 @@ def write_safetensors(
     total = 2 * sum(s for _, s in sizes)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading, checking, writing", disable=not progress)
     weight_map = {}
-    for file, keys in zip(names, shards, strict=True):
-        tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
-        _unshare(tensors)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        save_file(tensors, str(folder / file), metadata={"format": "pt"})
-        bar.update(nbytes)
-        weight_map.update(dict.fromkeys(keys, file))
-        del tensors
-    bar.close()
+    try:
+        for file, keys in zip(names, shards, strict=True):
+            tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
+            _unshare(tensors)
+            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            save_file(tensors, str(folder / file), metadata={"format": "pt"})
+            bar.update(nbytes)
+            weight_map.update(dict.fromkeys(keys, file))
+            del tensors
+    finally:
+        bar.close()  # before any error is printed: the message on a line of its own, the bar not redrawn after it
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
         (folder / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -107,14 +110,19 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    with open(filename, "wb") as f:
-        f.write(len(encoded).to_bytes(8, "little"))
-        f.write(encoded)
-        for name in order:
-            t = tensors.pop(name)
-            if t.numel():
-                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            del t
+    try:
+        with open(filename, "wb") as f:
+            f.write(len(encoded).to_bytes(8, "little"))
+            f.write(encoded)
+            for name in order:
+                t = tensors.pop(name)
+                if t.numel():
+                    f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                del t
+    except OSError as e:
+        if e.filename is None:  # a failed write() names no file: the message should
+            raise OSError(e.errno, e.strerror, str(filename)) from e
+        raise
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> None:
@@ -163,9 +171,10 @@ def check_apart(src: Path, dst: Path) -> None:
         raise ConversionError(f"{dst} holds the source folder {src}: replacing it would delete the source")
 
 
-def _cannot_write(dst: Path, e: OSError, kept: str = "nothing was written there") -> ConversionError:
+def _cannot_write(dst: Path, e: OSError, kept: str = "nothing was written there", space: str = "") -> ConversionError:
     where = f" ({e.filename})" if e.filename else ""
-    return ConversionError(f"cannot write {dst}: {e.strerror or e}{where}; {kept}")
+    space = f"; {space}" if space else ""
+    return ConversionError(f"cannot write {dst}: {e.strerror or e}{where}{space}; {kept}")
 
 
 def _make_parent(dst: Path) -> None:
@@ -291,8 +300,10 @@ def _put_in_place(tmp: Path, dst: Path, force: bool) -> None:
 
 
 @contextmanager
-def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
-    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes.
+def atomic_folder(dst: Path, force: bool, needed: int | None = None) -> Iterator[Path]:
+    """Yields a temporary folder beside `dst`; on success it replaces `dst`, on failure it vanishes. Given the
+    bytes the write `needed` (at least), it is refused before anything is written where the file system says
+    they do not fit.
 
     At every instant `dst` is either absent (if it was), the old folder, or the complete new one: the swap over
     an old `dst` is one atomic exchange on Linux. A run killed outright (SIGKILL, power loss) cannot clean up
@@ -300,6 +311,7 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
     """
     dst = check_destination(dst, force)
     _make_parent(dst)
+    free = check_space(dst, needed)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(dst)}{os.getpid()}-", dir=dst.parent))
     except OSError as e:  # read-only, /proc, /sys
@@ -314,7 +326,10 @@ def atomic_folder(dst: Path, force: bool) -> Iterator[Path]:
             _put_in_place(tmp, dst, force)
         except OSError as e:  # disk full, quota, permissions: the user's to fix, not a crash
             kept = "the old one is unchanged" if dst.exists() else "nothing was written there"
-            raise _cannot_write(dst, e, kept) from e
+            space = ""
+            if is_full(e):
+                space = f"{needs_and_has(max(needed or 0, folder_bytes(tmp)), free, dst.parent)} when it started"
+            raise _cannot_write(dst, e, kept, space) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,4 +1,4 @@
-"""The causal decoder: the shared stack with a key/value cache, and its task models (GPT-2, Mixtral).
+"""The causal decoder: the shared stack with a key/value cache, and its task models (GPT-2, Mixtral, Llama, ...).
 
 An architecture supplies `recipe(config) -> Recipe`; everything else here is shared. The cache follows
 transformers 5.24: the forward takes `cache` (the old name `past_key_values` is still accepted, as in stock),
@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
@@ -243,3 +244,29 @@ class DecoderForTokenClassification(DecoderTaskModel):
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )
+
+
+class DecoderForQuestionAnswering(DecoderTaskModel):
+    """Start and end logits for every token (stock's `GenericForQuestionAnswering`: a linear layer to 2)."""
+
+    tasks = {"question_answering": 2}
+
+    @accepts_past_key_values
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,  # [B]
+        end_positions: torch.Tensor | None = None,  # [B]
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput:
+        for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+            check_labels(name, positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
+        kwargs.pop("num_items_in_batch", None)
+        out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
+        return self.answer_spans(out, start_positions, end_positions)

@@ -15,7 +15,8 @@ from .attention import Attention
 from .block import Block
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
-from .rotary import RotaryEmbedding, rotary_inverse_frequencies
+from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
+from .rotary import RotaryEmbedding
 
 
 class FivefoldPreTrainedModel(PreTrainedModel):
@@ -56,11 +57,29 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
-            init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
+            inv_freq, _ = module.initial_frequencies()
+            init.copy_(module.inv_freq, inv_freq)
+            if module.dynamic:
+                init.copy_(module.base_inv_freq, inv_freq)
+
+    def post_init(self) -> None:
+        super().post_init()
+        # transformers sets `config.quantization_config` before building the model it then hands to the quantizer.
+        prepare_for_quantizer(self, getattr(self.config, "quantization_config", None))
+
+    def _get_dtype_plan(self, dtype: torch.dtype) -> dict:
+        return drop_quantization_only(super()._get_dtype_plan(dtype))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
-        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory."""
+        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
+        Under a quantizer that quantized nothing, raises QuantizationError (quantization.py)."""
+        loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
+        check_quantized(loaded[0] if isinstance(loaded, tuple) else loaded)  # (model, info) with output_loading_info
+        return loaded
+
+    @classmethod
+    def _load(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         if cls.converter is not None and pretrained_model_name_or_path is not None:
             hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
             stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
@@ -114,8 +133,18 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             return self._save_into(save_directory, *args, **kwargs)
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
-        with self.converter.updated_folder(save_directory) as folder:
+        needed = self._weight_bytes() + self.converter.remote_code_bytes(type(self.config))
+        with self.converter.updated_folder(save_directory, needed=needed) as folder:
             self._save_into(folder, *args, **kwargs)
+
+    def _weight_bytes(self) -> int:
+        """The weights' bytes as saved (a tied tensor once): what the folder needs at least."""
+        seen = {}
+        for t in self.state_dict().values():
+            local = getattr(t, "_local_tensor", t)  # a DTensor counts its global size, keyed by its own shard
+            if local.device.type != "meta":
+                seen[local.data_ptr()] = t.numel() * t.element_size()
+        return sum(seen.values())
 
     def _save_into(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
