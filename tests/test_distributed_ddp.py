@@ -5,7 +5,11 @@ part in every backward pass, with a zero gradient when idle). Two gloo processes
 Checkpointing is transformers' default, non-reentrant: reentrant checkpointing records the router logits under
 no_grad, so the load-balancing loss gets no gradient there, in stock Mixtral as in fivefold (measured: 5e-3 apart)."""
 
+import pytest
 from launching import launch
+
+# Gloo processes that each import torch and transformers: an integration test, out of the quick check.
+pytestmark = pytest.mark.slow
 
 MODES = [
     {"name": "strict", "ddp": {"find_unused_parameters": False}, "checkpointing": None},

@@ -10,6 +10,9 @@ import fivefold
 
 from helpers import read_tensors
 
+# Gloo processes that each import torch and transformers: an integration test, out of the quick check.
+pytestmark = pytest.mark.slow
+
 CONFIG = dict(
     vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     intermediate_size=8192, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,

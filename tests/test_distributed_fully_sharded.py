@@ -3,9 +3,13 @@ every architecture, on two gloo processes the test starts: three SGD steps equal
 ranks' batches, and the sharded save writes the ordinary checkpoint. Tied embeddings are the case to watch: tied
 only after loading, FSDP2 left the output embedding a stale copy after the first step (fixed in pretrained.py)."""
 
+import pytest
 from launching import launch
 
 from fivefold.architectures import NAMES
+
+# Gloo processes that each import torch and transformers: an integration test, out of the quick check.
+pytestmark = pytest.mark.slow
 
 
 def test_fsdp2_training_equals_one_process(tmp_path):

@@ -2,9 +2,13 @@
 (configuration/parallel.py's plans: column-wise q/k/v/gate/up, row-wise o/down, T5's relative bias by head): the
 output (logits, or the first output) on a padded batch equals one process's. Two gloo processes the test starts."""
 
+import pytest
 from launching import launch
 
 from fivefold.architectures import ARCHITECTURES
+
+# Gloo processes that each import torch and transformers: an integration test, out of the quick check.
+pytestmark = pytest.mark.slow
 
 CLASSES = {cls.__name__ for arch in ARCHITECTURES for cls in arch.models.values()}
 
