@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .kernels import check_embeds_tensor, check_token_tensor
+from .input_checks import check_embeds_tensor, check_token_tensor
 from .norms import build_norm
 from .tracing import eager_only
 

@@ -8,7 +8,7 @@ count of the whole accumulated batch, so 2 x 2 accumulation gives the same updat
 import torch
 from torch.nn import functional as F
 
-from .kernels import check_token_tensor
+from .input_checks import check_token_tensor
 from .tracing import eager_only
 
 
