@@ -11,7 +11,8 @@
 # parity on CUDA (fivefold no less exact than stock bf16, both against stock fp32); 3 Mixtral with its experts split
 # between cuda:0 and cpu by device_map (same logits and greedy generations as on one device); 4 expert parallelism
 # with nccl at world size 1 (benchmarks/distributed.py, where it exists); 5 torch.compile on CUDA (fullgraph, parity,
-# compile time against stock's); 6 a speed table against stock.
+# compile time against stock's); 6 a speed table against stock; 7 experts in CPU memory under cuda:0 through the
+# expert cache, computed on the CPU or moved (modeling/expert_placement.py), each against the model on one device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
@@ -244,6 +245,41 @@ print("\n## speed table (tokens/s)\n")
 print("| what | stock | fivefold | ratio |\n|---|---|---|---|")
 for what, s, f in speed_rows:
     print(f"| {what} | {s:,.0f} | {f:,.0f} | {f / s:.2f}x |")
+@section("7. experts in CPU memory under cuda:0: the expert cache, and computing where the expert lives")
+def experts_on_cpu():
+    from fivefold.modeling.expert_placement import DeviceCosts
+
+    src, dst = checkpoint("mixtral", "MixtralForCausalLM")
+    cls = architecture_for_model_type("mixtral").class_named("MixtralForCausalLM")
+    config = cls.config_class.from_pretrained(dst)
+    with torch.device("meta"):
+        skeleton = cls(config)
+    owners = [name for name, m in skeleton.named_modules() if list(m.parameters(recurse=False))]
+    device_map = {name: ("cpu" if ".experts." in name and int(name.split(".experts.")[1].split(".")[0]) % 2 else 0)
+                  for name in owners}
+    whole = cls.from_pretrained(dst).to(CUDA).eval()
+    ids = torch.randint(5, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).to(CUDA)
+    greedy = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected_logits, expected = whole(ids).logits, whole.generate(ids, **greedy)
+    # The measured default, then each path forced: always moved (a CPU too slow), always on the CPU (no transfer).
+    for label, costs in (("default costs", None), ("always moved", DeviceCosts(cpu_flops=1.0)),
+                         ("always on the CPU", DeviceCosts(transfer_bytes=1.0))):
+        model = cls.from_pretrained(dst, device_map=device_map, expert_cache_bytes=0).eval()
+        if costs is not None:
+            model.expert_cache.costs = costs
+        with torch.no_grad():
+            check(f"logits, experts on cpu, {label}", (model(ids).logits - expected_logits).abs().max().item(), 1e-4)
+            model.expert_cache.reset_stats()
+            seconds = timed(lambda: model.generate(ids, **greedy), runs=3)
+            same = torch.equal(model.generate(ids, **greedy), expected)
+        stats = model.expert_cache.stats
+        print(f"{'ok  ' if same else 'FAIL'} {label}: greedy identical {same}; {seconds * 1e3:.1f} ms for 8 tokens;"
+              f" CPU calls {stats.cpu_calls} of {stats.misses} misses")
+        if not same:
+            failures.append(f"experts on cpu, {label}")
+
+
 print(f"\nfailed: {failures}" if failures else "\nall checks passed")
 sys.exit(1 if failures else 0)
 PY

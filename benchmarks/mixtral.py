@@ -29,7 +29,7 @@ from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import fivefold
 from fivefold.architectures import architecture_for_model_type
-from fivefold.conversion.mixtral import copy_stock_moe_block
+from fivefold.conversion.experts import copy_stock_moe_block
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec
 
 # Not the table's Mixtral-8x7B (47B parameters, 187 GB in fp32, out of reach of a CPU): its vocabulary, 8 experts

@@ -4,7 +4,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
 from .base import FivefoldConfigMixin
-from .parallel import tensor_parallel_plan
+from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
 from .validation import check_attention_heads, check_positive
 
 
@@ -12,6 +12,7 @@ from .validation import check_attention_heads, check_positive
 class FivefoldGPT2Config(FivefoldConfigMixin, GPT2Config):
     model_type = "fivefold_gpt2"
     base_model_tp_plan = tensor_parallel_plan("")
+    base_model_pp_plan = DECODER_PIPELINE_PLAN
 
     def validate_architecture(self) -> None:
         super().validate_architecture()

@@ -5,49 +5,28 @@ from huggingface_hub.dataclasses import strict
 from transformers import MixtralConfig
 
 from .base import FivefoldConfigMixin
-from .parallel import tensor_parallel_plan
-from .validation import check_attention_heads, check_positive
+from .offload import ExpertOffloadFields
+from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
+from .validation import check_llama_like, check_positive
 
 
 @strict(accept_kwargs=True)
-class FivefoldMixtralConfig(FivefoldConfigMixin, MixtralConfig):
+class FivefoldMixtralConfig(FivefoldConfigMixin, ExpertOffloadFields, MixtralConfig):
     model_type = "fivefold_mixtral"
     # Stock's parallelism plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts
     # are separate modules: each is split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py).
     base_model_tp_plan = tensor_parallel_plan("", experts=True)
     base_model_ep_plan = None
-    base_model_pp_plan = None
+    base_model_pp_plan = DECODER_PIPELINE_PLAN
 
     router_z_loss_coef: float = 0.0
 
     def validate_architecture(self) -> None:
         super().validate_architecture()
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_key_value_heads",
-            "num_local_experts",
-            "num_experts_per_tok",
-        )
-        if self.head_dim is None:
-            check_attention_heads(self)
-        else:
-            check_positive(self, "head_dim", "num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads}): each key/value head serves a whole group of query heads"
-            )
+        check_llama_like(self)
+        check_positive(self, "intermediate_size", "num_local_experts", "num_experts_per_tok")
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError(
                 f"num_experts_per_tok ({self.num_experts_per_tok}) must not exceed num_local_experts "
                 f"({self.num_local_experts})"
             )
-        if self.sliding_window is not None:
-            check_positive(self, "sliding_window")
-        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported by fivefold_mixtral (only 'default')")

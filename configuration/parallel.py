@@ -19,8 +19,23 @@ def tensor_parallel_plan(
         attentions = ("attn", "cross_attn") if cross_attention and stack == "decoder" else ("attn",)
         for attention in attentions:
             plan |= {f"{blocks}.{attention}.{name}": style for name, style in ATTENTION.items()}
-        mlp = f"{blocks}.mlp.experts.*" if experts else f"{blocks}.mlp"
-        plan |= {f"{mlp}.{name}": style for name, style in FEEDFORWARD.items()}
+        # A mixture's experts, and the dense layers and shared expert some mixtures have beside them (a model keeps
+        # the rules that name its modules: pretrained.py).
+        mlps = (
+            [f"{blocks}.mlp.experts.*", f"{blocks}.mlp", f"{blocks}.mlp.shared_expert.expert"]
+            if experts
+            else [f"{blocks}.mlp"]
+        )
+        plan |= {f"{mlp}.{name}": style for mlp in mlps for name, style in FEEDFORWARD.items()}
         if relative_bias:
             plan[f"{stack}.relative_bias.relative_attention_bias"] = HEAD_COLUMNS
     return plan
+
+
+# Pipeline parallelism (`DistributedConfig(pp_size=N)`, modeling/pipeline.py): what each part of a decoder's stack
+# takes and gives, as stock declares `base_model_pp_plan` (fivefold's embeddings are `embeddings`, not `embed_tokens`).
+DECODER_PIPELINE_PLAN = {
+    "embeddings": (["input_ids"], ["inputs_embeds"]),
+    "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+    "norm": (["hidden_states"], ["hidden_states"]),
+}

@@ -3,6 +3,12 @@
 import math
 from typing import Any
 
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+# Rope types whose table depends on more than the config: longrope switches factors by length, which fivefold
+# does not follow yet.
+UNSUPPORTED_ROPE_TYPES = ("longrope",)
+
 
 def check_positive(config: Any, *names: str) -> None:
     for name in names:
@@ -15,6 +21,52 @@ def check_attention_heads(config: Any) -> None:
     hidden, heads = config.hidden_size, config.num_attention_heads
     if not isinstance(heads, int) or heads <= 0 or hidden % heads != 0:
         raise ValueError(f"hidden_size ({hidden}) must be a positive multiple of num_attention_heads ({heads})")
+
+
+def check_rope_type(rope_type: str) -> None:
+    """fivefold computes rotary tables with transformers' own rope functions: any of them but UNSUPPORTED_ROPE_TYPES."""
+    supported = ["default", *(t for t in ROPE_INIT_FUNCTIONS if t not in UNSUPPORTED_ROPE_TYPES)]
+    if rope_type not in supported:
+        raise ValueError(f"rope_type {rope_type!r} is not supported by fivefold; supported: {', '.join(supported)}")
+
+
+def check_grouped_heads(config: Any) -> None:
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"num_key_value_heads ({config.num_key_value_heads}) must divide num_attention_heads "
+            f"({config.num_attention_heads}): each key/value head serves a whole group of query heads"
+        )
+
+
+def check_grouped_heads_and_experts(config: Any) -> None:
+    """A mixture-of-experts decoder's rules: key/value heads serve whole groups, no more experts per token than
+    there are."""
+    check_grouped_heads(config)
+    if config.num_experts_per_tok > config.num_local_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({config.num_experts_per_tok}) must not exceed num_local_experts "
+            f"({config.num_local_experts})"
+        )
+
+
+def check_llama_like(config: Any) -> None:
+    """The rules of a Llama-like decoder (modeling/llama_like.py): sizes positive, heads of a width that divides
+    (or a head_dim of its own), key/value heads dividing the query heads, a supported rope type, and a positive
+    sliding window wherever a layer slides."""
+    check_positive(config, "vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads")
+    if getattr(config, "head_dim", None) is None:
+        check_attention_heads(config)
+    else:
+        check_positive(config, "head_dim", "num_attention_heads")
+    check_grouped_heads(config)
+    check_rope_type((config.rope_parameters or {}).get("rope_type", "default"))
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and len(layer_types) != config.num_hidden_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {config.num_hidden_layers} layers")
+    if getattr(config, "sliding_window", None) is not None:
+        check_positive(config, "sliding_window")
+    elif "sliding_attention" in (layer_types or ()):
+        raise ValueError("layer_types has sliding_attention layers, and sliding_window is None")
 
 
 def check_text_encoder(config: Any) -> None:

@@ -29,6 +29,12 @@ class Architecture:
     # not take the config falls back on the class `config.architectures` names inside transformers, which holds
     # no fivefold class: T5 in "text-generation" reaches its conditional-generation class this way instead.
     pipeline_fallbacks: dict[str, str] = field(default_factory=dict)
+    # The `quant_method`s of stock checkpoints whose stored tensors the key map dequantizes (gpt-oss: "mxfp4"); a
+    # checkpoint quantized any other way is refused.
+    quantized_layouts: tuple[str, ...] = ()
+    # Stock class name -> its base_model_prefix, where it differs from `stock_prefix` (LlamaForQuestionAnswering
+    # keeps its base under `transformer.`, the other Llama classes under `model.`).
+    stock_prefixes: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_type(self) -> str:
@@ -48,6 +54,10 @@ class Architecture:
     def pretrained_class(self) -> type[PreTrainedModel]:
         """The architecture's common base (`FivefoldBertPreTrainedModel`), as stock has `BertPreTrainedModel`."""
         return self.base_model.__bases__[0]
+
+    def stock_prefix_of(self, target: type[PreTrainedModel]) -> str:
+        """The prefix of the base-model tensors in files saved by the stock class matching our `target`."""
+        return self.stock_prefixes.get(stock_class_name(target), self.stock_prefix)
 
     def class_named(self, name: str) -> type[PreTrainedModel]:
         """Our class for a stock class name (`BertForMaskedLM`) or one of ours (`FivefoldBertForMaskedLM`)."""

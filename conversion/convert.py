@@ -53,7 +53,7 @@ def _materializer(plan: Plan, reader: CheckpointReader, dtype: torch.dtype | Non
 
 
 def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
-    src_dtype = {t: reader.dtype(step.sources[0]) for step in plan.steps for t in step.targets}
+    src_dtype = plan.target_dtypes(reader.dtype)
     sizes = []
     for key, shape in produced.items():
         dt = dtype if dtype is not None and src_dtype[key].is_floating_point else src_dtype[key]
@@ -103,7 +103,7 @@ def convert(
     config = build_config(arch, stock, target, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(target), our_prefix(arch, target))
     _, tied = check_plan(arch, target, config, plan, shapes, strict=True, reader=reader)
     check_aliases(plan, reader)
     drop_tied_copies(plan, reader, config, tied)
@@ -163,7 +163,7 @@ def export(
     shapes = {k: reader.shape(k) for k in reader.keys()}
     dtypes = {k: reader.dtype(k) for k in reader.keys()}
     check_tensors(arch, target, config, shapes, None, strict=True, dtypes=dtypes)
-    stock_prefix = "" if target is arch.base_model else arch.stock_prefix
+    stock_prefix = "" if target is arch.base_model else arch.stock_prefix_of(target)
     plan = arch.keys(config).plan(reader.keys(), stock_prefix, our_prefix(arch, target), inverse=True)
     produced = plan.target_shapes(shapes)
 

@@ -25,6 +25,7 @@ class Transform:
     apply: Callable[[list[torch.Tensor]], list[torch.Tensor]]
     shapes: Callable[[list[Shape]], list[Shape]]
     inverse_name: str
+    dtype: torch.dtype | None = None  # what its outputs are, whatever the sources' (a dequantization); None: theirs
 
 
 def _split_shapes(parts: int, dim: int) -> Callable[[list[Shape]], list[Shape]]:
@@ -84,6 +85,8 @@ class Rule:
     source: tuple[str, ...]
     target: tuple[str, ...] | None  # None: dropped on purpose
     transform: str = "identity"
+    # Read only: a second stock layout of tensors another rule already writes back (stock's fused experts).
+    import_only: bool = False
 
     def inverse(self) -> "Rule":
         if self.target is None:
@@ -130,6 +133,14 @@ class Plan:
             out.update(zip(step.targets, shapes, strict=True))
         return out
 
+    def target_dtypes(self, source_dtype: Callable[[str], torch.dtype]) -> dict[str, torch.dtype]:
+        """Each target's dtype: its transform's, or its first source's."""
+        return {
+            t: TRANSFORMS[step.transform].dtype or source_dtype(step.sources[0])
+            for step in self.steps
+            for t in step.targets
+        }
+
     def run(self, step: Step, get: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
         tensors = TRANSFORMS[step.transform].apply([get(s) for s in step.sources])
         return dict(zip(step.targets, tensors, strict=True))
@@ -160,7 +171,7 @@ class KeyMap:
         compiled = []
         for rules, is_base in tables:
             for rule in rules:
-                if inverse and rule.target is None:
+                if inverse and (rule.target is None or rule.import_only):
                     continue
                 rule = rule.inverse() if inverse else rule
                 compiled.append((rule, is_base, [_pattern_regex(p) for p in rule.source]))

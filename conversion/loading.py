@@ -54,7 +54,7 @@ def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[
     config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
     reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
-    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix, our_prefix(arch, cls))
+    plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(cls), our_prefix(arch, cls))
     check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)
     check_aliases(plan, reader)
     state, get = {}, checked_getter(reader)

@@ -78,7 +78,24 @@ def config_from_dict(arch, fields: dict, folder: Path | None) -> PretrainedConfi
         ) from None
 
 
+def check_quantization(arch, stock: dict, folder: Path) -> None:
+    """A quantized stock checkpoint converts only where the key map reads its stored layout (`quantized_layouts`):
+    its tensors are dequantized then, and its `quantization_config` is not carried over."""
+    quantization = stock.get("quantization_config")
+    if quantization is None:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+    if method not in arch.quantized_layouts:
+        layouts = f" or quantized with {', '.join(arch.quantized_layouts)}" if arch.quantized_layouts else ""
+        raise ConversionError(
+            f"{folder / 'config.json'}: quantization_config has quant_method {method!r}; fivefold converts "
+            f"{arch.stock_model_type} checkpoints in full precision{layouts} (quantize the converted model instead, "
+            "with quantization_config= in from_pretrained)"
+        )
+
+
 def build_config(arch, stock: dict, target: type[PreTrainedModel], folder: Path) -> PretrainedConfig:
+    check_quantization(arch, stock, folder)
     return config_from_dict(arch, {**kept_fields(arch.config_class, stock), "architectures": [target.__name__]}, folder)
 
 

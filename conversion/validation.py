@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from .errors import CheckpointWarning, ConversionError
 from .keymap import Plan
@@ -31,8 +32,10 @@ _meta_models: dict[tuple[type, str], MetaModel] = {}
 
 def meta_model(target: type[PreTrainedModel], config: PretrainedConfig) -> MetaModel:
     """What `target` built for `config` holds; built once per (class, config content), shared by every caller."""
-    # repr for values JSON lacks: a config that could not be saved can still be checked.
-    key = (target, json.dumps(config.to_dict(), sort_keys=True, default=repr))
+    # repr for values JSON lacks: a config that could not be saved can still be checked. Which class a checkpoint
+    # names (`architectures`) builds nothing different: the classes of one checkpoint share their builds.
+    fields = {k: v for k, v in config.to_dict().items() if k not in ("architectures", "_name_or_path")}
+    key = (target, json.dumps(fields, sort_keys=True, default=repr))
     if key not in _meta_models:
         if len(_meta_models) >= _MAX_META_MODELS:
             del _meta_models[next(iter(_meta_models))]
@@ -42,7 +45,7 @@ def meta_model(target: type[PreTrainedModel], config: PretrainedConfig) -> MetaM
 
 def _build_on_meta(target: type[PreTrainedModel], config: PretrainedConfig) -> MetaModel:
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), no_init_weights():  # as from_pretrained builds it: shapes only, no init drawn
             model = target(config)
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
         # Sizes each within bounds whose product still overflows a tensor's byte count, a part the config names
@@ -71,7 +74,7 @@ def our_prefix(arch, target) -> str:
 
 def stock_name_of(arch, target, config, our_key: str) -> str:
     try:
-        plan = arch.keys(config).plan([our_key], arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan([our_key], arch.stock_prefix_of(target), our_prefix(arch, target), inverse=True)
         return plan.steps[0].targets[plan.steps[0].sources.index(our_key)]
     except (ConversionError, IndexError, ValueError):
         return our_key
@@ -81,7 +84,7 @@ def stock_names_of(arch, target, config, our_keys: list[str]) -> list[str]:
     """The stock names of our tensors, in order, without repeats: fused stock tensors (GPT-2's c_attn holding
     q, k and v) are found only from their whole group, so the keys are planned together first."""
     try:
-        plan = arch.keys(config).plan(our_keys, arch.stock_prefix, our_prefix(arch, target), inverse=True)
+        plan = arch.keys(config).plan(our_keys, arch.stock_prefix_of(target), our_prefix(arch, target), inverse=True)
         named = {
             source: step.targets[min(i, len(step.targets) - 1)]
             for step in plan.steps
@@ -189,7 +192,7 @@ def check_plan(
     produced shapes and the target's tied tensors ({copy: source})."""
     produced = plan.target_shapes(source_shapes)
     origin = {t: step.sources[0] for step in plan.steps for t in step.targets}
-    dtypes = {t: reader.dtype(source) for t, source in origin.items()} if reader is not None else None
+    dtypes = plan.target_dtypes(reader.dtype) if reader is not None else None
     return produced, check_tensors(arch, target, config, produced, origin, strict, dtypes, source_shapes)
 
 

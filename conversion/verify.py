@@ -87,7 +87,7 @@ def share_fresh_tensors(arch, stock, ours, missing: set[str]) -> None:
 def stock_values_of(arch, stock, target: type, config, keys: set[str]) -> dict[str, torch.Tensor]:
     """The stock model's tensors under our names (`keys` of a `target` model), through the key map."""
     state = revert_weight_conversion(stock, stock.state_dict())  # the names a stock checkpoint holds
-    plan = arch.keys(config).plan(list(state), arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(list(state), arch.stock_prefix_of(target), our_prefix(arch, target))
     found = {}
     for step in plan.steps:
         if keys & set(step.targets):

@@ -10,6 +10,7 @@ from torch import nn
 
 from .kernels import attention_kernel
 from .linear import Linear
+from .norms import build_qk_norm
 from .padding import PackedSequences
 from .rotary import RotaryPositions
 
@@ -27,7 +28,13 @@ class AttentionSpec:
     scaling: float | None = None  # None: 1/sqrt(head_dim)
     positions: str = "absolute"  # key in POSITIONS: how queries and keys learn where they are
     rotary_theta: float | None = None  # the rotary base, for positions="rotary"
+    # How the rotary frequencies are computed: "default", or a key of transformers' ROPE_INIT_FUNCTIONS ("linear",
+    # "dynamic", "yarn", "llama3", ...), which read the model config's `rope_parameters` (rotary.py).
+    rope_type: str = "default"
+    qk_norm: str = "none"  # key in QK_NORMS: RMSNorm of queries and keys per head ("head"), across heads ("width")
+    qk_norm_eps: float = 1e-6
     window: int | None = None  # a sliding window: keys at most this many positions from the query; None: all
+    sinks: bool = False  # a learned logit per head that joins every row's softmax and takes its share of nothing
 
     @property
     def per_head(self) -> int:
@@ -71,8 +78,14 @@ class Attention(nn.Module):
         self.k_proj = Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
         self.v_proj = Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=spec.bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=spec.out_bias)
+        self.q_norm = build_qk_norm(spec.qk_norm, self.num_heads, self.head_dim, spec.qk_norm_eps)
+        self.k_norm = build_qk_norm(spec.qk_norm, self.num_kv_heads, self.head_dim, spec.qk_norm_eps)
         self.positions = POSITIONS[spec.positions]()
         self.rotary_theta = spec.rotary_theta  # the stack builds one (cos, sin) table per distinct base
+        # gpt-oss's attention sinks ([H], `s_aux` to the kernels); None: every row's weights sum to one.
+        # Absent (not None) without sinks: transformers' paged kernels test for the attribute itself.
+        if spec.sinks:
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
 
     def forward(
         self,
@@ -83,12 +96,14 @@ class Attention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, _ = hidden_states.shape
-        query = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        key = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
+        query = self.q_norm(self.q_proj(hidden_states)).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        key = self.k_norm(self.k_proj(hidden_states)).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         value = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         query, key = self.positions(query, key, position_embeddings)
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # [B, K, S, D]
+            # As stock passes them: a paged cache (continuous batching) reads its indices from the kwargs and rewrites
+            # them in place for the kernel (this call's own dict: every layer gets a fresh one).
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)  # [B, K, S, D]
         return self.attend(query, key, value, attention_mask, **kwargs)
 
     def attend(
@@ -101,7 +116,10 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kernel for this call, then the output projection: [B, T, C] and the weights (eager only)."""
         b, _, t, _ = query.shape
-        out, weights = attention_kernel(self.config, attention_mask)(
+        sinks = getattr(self, "sinks", None)
+        if sinks is not None:
+            kwargs["s_aux"] = sinks
+        out, weights = attention_kernel(self.config, attention_mask, sinks is not None)(
             self,
             query,
             key,

@@ -1,4 +1,4 @@
-"""The causal decoder: the shared stack with a key/value cache, and its task models (GPT-2, Mixtral).
+"""The causal decoder: the shared stack with a key/value cache, and its task models (GPT-2, Mixtral, Llama, ...).
 
 An architecture supplies `recipe(config) -> Recipe`; everything else here is shared. The cache follows
 transformers 5.24: the forward takes `cache` (the old name `past_key_values` is still accepted, as in stock),
@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
@@ -23,8 +24,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from .batching import ContinuousBatching
 from .heads import last_real_token
-from .kernels import causal_masks, check_attention_mask
+from .kernels import causal_masks, check_attention_mask, is_paged
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
@@ -76,16 +78,19 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
             cache = DynamicCache(config=self.config)
 
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        check_attention_mask(attention_mask, batch, length, cached=True)
+        if not is_paged(cache):  # continuous batching's masks are its own (kernels.paged_masks)
+            check_attention_mask(attention_mask, batch, length, cached=True)
         if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
+            past = cache.get_seq_length(self.first_layer) if cache is not None else 0
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
         # itself when they get no cache, which a fresh one holds nothing of yet.
-        packed = is_packed_row(position_ids, attention_mask) and (cache is None or cache.get_seq_length() == 0)
-        masks = causal_masks(self.config, hidden, attention_mask, None if packed else cache, position_ids, self.windows)
+        fresh = cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0)
+        packed = fresh and is_packed_row(position_ids, attention_mask)
+        cached = None if packed else cache
+        masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
         hidden = self.dropout(self.norm(hidden))
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
@@ -114,12 +119,13 @@ class DecoderTaskModel(DecoderPreTrainedModel, TaskModel):
         )
 
 
-class DecoderForCausalLM(DecoderTaskModel, GenerationMixin):
+class DecoderForCausalLM(DecoderTaskModel, ContinuousBatching, GenerationMixin):
     """Next-token logits (tied to the word embeddings when `config.tie_word_embeddings`), loss on shifted labels."""
 
     tasks = {"causal_lm": "vocab_size"}
     output_task = "causal_lm"
     output_class = CausalLMOutputWithPast
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}  # as stock's; the stack's is the config's
 
     def __init__(self, config):
         super().__init__(config)
@@ -243,3 +249,29 @@ class DecoderForTokenClassification(DecoderTaskModel):
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )
+
+
+class DecoderForQuestionAnswering(DecoderTaskModel):
+    """Start and end logits for every token (stock's `GenericForQuestionAnswering`: a linear layer to 2)."""
+
+    tasks = {"question_answering": 2}
+
+    @accepts_past_key_values
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,  # [B]
+        end_positions: torch.Tensor | None = None,  # [B]
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput:
+        for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+            check_labels(name, positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
+        kwargs.pop("num_items_in_batch", None)
+        out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
+        return self.answer_spans(out, start_positions, end_positions)

@@ -29,6 +29,7 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import Attention, CrossAttention
+from .batching import ContinuousBatching
 from .block import Block
 from .heads import HeadSpec
 from .kernels import cross_mask, relative_bias_mask
@@ -226,12 +227,14 @@ class EncoderDecoderModel(EncoderDecoderBase):
         return Seq2SeqModelOutput(last_hidden_state=dec.last_hidden_state, **_seq2seq_fields(enc, dec))
 
 
-class EncoderDecoderForConditionalGeneration(EncoderDecoderBase, GenerationMixin):
+class EncoderDecoderForConditionalGeneration(EncoderDecoderBase, ContinuousBatching, GenerationMixin):
     """The LM head on the decoder; the loss is cross-entropy on unshifted labels (decoder inputs are the labels
     shifted right from `decoder_start_token_id`)."""
 
     tasks = {"seq2seq_lm": "vocab_size"}
     output_task = "seq2seq_lm"
+    # Stock T5 fails there too (its requests end with an error); the manager has no encoder inputs to give.
+    continuous_batching_refusal = "the continuous-batching manager feeds decoder-only rows, with no encoder inputs"
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_right(labels, self.config.decoder_start_token_id, self.config.pad_token_id)

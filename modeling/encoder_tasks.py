@@ -27,7 +27,6 @@ from .losses import (
     check_labels,
     cross_entropy,
     sequence_classification_loss,
-    span_loss,
     tokens_shape,
 )
 from .tasks import TaskModel
@@ -254,18 +253,7 @@ class EncoderForQuestionAnswering(EncoderTaskModel):
             check_labels(name, positions, *batch_labels_shapes(input_ids, inputs_embeds, 1))
         kwargs.pop("num_items_in_batch", None)
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.run_head("question_answering", out.last_hidden_state)  # [B, T, 2]
-        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # 2 x [B, T]
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        return QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-        )
+        return self.answer_spans(out, start_positions, end_positions)
 
 
 class EncoderForImageClassification(EncoderTaskModel):

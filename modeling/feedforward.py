@@ -20,6 +20,8 @@ class FeedForwardSpec:
     activation: str  # key in transformers' ACT2FN
     bias: bool = True
     dropout: float = 0.0  # on the inner activations, in training (T5)
+    limit: float | None = None  # clamped SwiGLU: the bound of its gate (from above) and of its up (both sides)
+    alpha: float = 1.702  # clamped SwiGLU: the gain inside its sigmoid
 
 
 class OutputProjection(Linear):
@@ -64,3 +66,20 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class ClampedSwiGLU(GatedFeedForward):
+    """gpt-oss's experts: the gate clamped from above and the up projection on both sides at `limit`, then
+    `(up + 1) * gate * sigmoid(alpha * gate)` -> down."""
+
+    def __init__(self, spec: FeedForwardSpec):
+        super().__init__(spec)
+        if spec.limit is None:
+            raise ValueError("a clamped SwiGLU needs its limit")
+        self.limit = spec.limit
+        self.alpha = spec.alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
+        gate = self.gate_proj(x).clamp(max=self.limit)
+        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
+        return self.down_proj(self.dropout((up + 1) * (gate * torch.sigmoid(gate * self.alpha))))

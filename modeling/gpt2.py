@@ -18,7 +18,7 @@ from .decoder import (
 )
 from .embeddings import EmbeddingSpec
 from .feedforward import FeedForwardSpec
-from .heads import HeadSpec
+from .heads import HeadSpec, token_classifier_dropout
 from .initialization import WeightInit, mark_projections
 from .stack import Recipe, StackSpec
 
@@ -55,14 +55,6 @@ def gpt2_recipe(config) -> Recipe:
             dropout=config.resid_pdrop,
         )
 
-    token_dropout = next(
-        (
-            p
-            for p in (getattr(config, "classifier_dropout", None), getattr(config, "hidden_dropout", None))
-            if p is not None
-        ),
-        0.1,
-    )
     return Recipe(
         stack=StackSpec(
             embeddings=EmbeddingSpec(
@@ -79,7 +71,7 @@ def gpt2_recipe(config) -> Recipe:
         heads={
             "causal_lm": HeadSpec(at="lm_head", bias=False),
             "sequence_classification": HeadSpec(at="score", bias=False),
-            "token_classification": HeadSpec(dropout=token_dropout, at="classifier"),
+            "token_classification": HeadSpec(dropout=token_classifier_dropout(config), at="classifier"),
         },
     )
 

@@ -107,6 +107,13 @@ class HeadSpec:
             raise ValueError(f"unknown pool {self.pool!r}; valid: {', '.join(sorted(POOLS))}")
 
 
+def token_classifier_dropout(config) -> float:
+    """The dropout before a decoder's token classifier, as stock picks it: `classifier_dropout`, else
+    `hidden_dropout`, else 0.1."""
+    chosen = (getattr(config, "classifier_dropout", None), getattr(config, "hidden_dropout", None))
+    return next((p for p in chosen if p is not None), 0.1)
+
+
 def projection(spec: HeadSpec, width: int, out_features: int) -> nn.Module:
     return with_init(Linear(width, out_features, bias=spec.bias), spec.projection_init)
 

@@ -12,7 +12,9 @@ Quirks: sdpa treats a module without `is_causal` as causal (attention sets it); 
 count a window of w as w - 1 positions on each side, so they get `window + 1`; a causal stack's sliding window
 is read by transformers from `config.sliding_window`, which its sliding caches are sized by too; only sdpa and
 flash run packed sequences (eager returns weights, flex builds block masks); a decoding step of one token sees
-every cached key, so its mask is the padding mask alone.
+every cached key, so its mask is the padding mask alone. Attention sinks (`s_aux`, gpt-oss) join the softmax in
+eager and in `sink_sdpa_attention` (a zero key whose score is the sink), and go to transformers' flex and flash
+kernels, which read them; any other kernel would drop them, so it is refused.
 
 Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/value heads, D head dim,
 N tokens (packed).
@@ -23,6 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -41,8 +44,8 @@ UNPADDED_KERNELS = ("sdpa",)
 
 def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, cached: bool = False) -> None:
     """A [B, T] padding mask must match the inputs; with a cache it covers P + T steps, so it has at least T. A
-    ready-made 4D mask is passed through, as in stock."""
-    if attention_mask is None or attention_mask.dim() == 4:
+    ready-made 4D mask (or one per layer type) is passed through, as in stock."""
+    if attention_mask is None or isinstance(attention_mask, dict) or attention_mask.dim() == 4:
         return
     if not cached and tuple(attention_mask.shape) != (batch, length):
         raise ValueError(
@@ -113,7 +116,13 @@ def eager_attention(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if (sinks := kwargs.get("s_aux")) is not None:  # a sink column in the softmax, dropped after it
+        b, h, t, _ = scores.shape
+        scores = torch.cat([scores, sinks.to(scores.dtype).view(1, h, 1, 1).expand(b, h, t, 1)], dim=-1)
+        scores = scores - scores.amax(dim=-1, keepdim=True)  # as stock: no overflow in half precision
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1].to(query.dtype)
+    else:
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, D]
     return out, weights
@@ -171,11 +180,44 @@ def packed_attention(
     return torch.cat(outs, dim=2).transpose(1, 2), None
 
 
-def attention_kernel(config, mask: object) -> Callable:
-    """The kernel for this call: packed sequences' own, else the one the user selected (eager by default)."""
+def sink_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, s_aux=None, **kwargs):
+    """sdpa with attention sinks (`s_aux` [H]; the rest as eager_attention's): one more key, all zeros, with a zero
+    value and the head's sink as its mask, so the sink takes its share of the softmax and adds nothing."""
+    _, h, t, _ = query.shape
+    s = key.shape[2]
+    if attention_mask is None and module.is_causal and t > 1:
+        attention_mask = causal_bool_mask(t, s, query.device)
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        attention_mask = additive_mask(query.new_zeros(1, 1, t, s), attention_mask, query.dtype)
+    bias = attention_mask.to(query.dtype).expand(-1, h, t, s)
+    mask = torch.cat([bias, s_aux.to(query.dtype).view(1, h, 1, 1).expand(bias.shape[0], h, t, 1)], dim=-1)
+    k, v = F.pad(key, (0, 0, 0, 1)), F.pad(value, (0, 0, 0, 1))  # [B, K, S + 1, D]
+    grouped = h != key.shape[1]
+    out = F.scaled_dot_product_attention(query, k, v, mask, dropout, scale=scaling, enable_gqa=grouped)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attention_kernel(config, mask: object, sinks: bool = False) -> Callable:
+    """The kernel for this call: packed sequences' own, else the one the user selected (eager by default); with
+    attention sinks, one that honours them or a clear refusal."""
+    name = config._attn_implementation
+    if not sinks:
+        return packed_attention if isinstance(mask, PackedSequences) else _selected(name)
     if isinstance(mask, PackedSequences):
-        return packed_attention
-    return ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention)
+        raise ValueError("attention sinks are not supported on packed sequences; pass unpad_inputs=False")
+    if name in (None, "eager", "sdpa"):
+        return sink_sdpa_attention if name == "sdpa" else eager_attention
+    if name == "flex_attention" or is_flash_attention_requested(requested_attention_implementation=name):
+        return _selected(name)  # transformers' flex and flash kernels read `s_aux`
+    if name == "paged|eager":
+        return _selected(name)  # transformers' paged eager kernel reads the module's `sinks`
+    raise ValueError(f"attn_implementation={name!r} would ignore this model's attention sinks; use 'eager', 'sdpa', "
+                     "'flex_attention' or a flash attention kernel that takes sinks (continuous batching: 'eager', "
+                     "which runs as 'paged|eager')")  # fmt: skip
+
+
+def _selected(implementation: str | None) -> Callable:
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
 
 
 def window_kwargs(config, window: int | None, mask: object) -> dict:
@@ -226,13 +268,36 @@ def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, p
     return per_block(windows, build)
 
 
-def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows) -> list:
+def is_paged(cache: object) -> bool:
+    """Whether the cache is continuous batching's paged one: it holds many requests in one [1, N] row, has no
+    sequence length or static size, and comes with ready-made masks."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def paged_masks(attention_mask: object, windows: tuple[int | None, ...]) -> list:
+    """Continuous batching's masks for each block: one [1, 1, N, S] mask for all blocks (None for flash kernels,
+    which read cu_seq_lens), or one per layer type where full and sliding layers mix, keyed by transformers'
+    names for them; the paged cache's allocators are grouped by the same names."""
+    if not isinstance(attention_mask, dict):
+        return [attention_mask] * len(windows)
+    return [attention_mask["full_attention" if window is None else "sliding_attention"] for window in windows]
+
+
+def causal_masks(
+    config, hidden: torch.Tensor, attention_mask, cache, position_ids, windows, first_layer: int = 0
+) -> list:
     """A decoder's mask for each block, built by transformers' mask functions, except for the commonest call of
     all: one new token per row, decoded with sdpa or eager attention. That token sees every cached key, so
     padding alone hides any and the mask is the padding mask, [B, 1, 1, P + 1]. A static cache (compiled
-    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it."""
+    decoding) returns all its slots as keys, used or not: transformers' mask functions size the mask for it.
+    Continuous batching brings its own masks (`paged_masks`). The cache is read at the first layer this process
+    runs (`first_layer`: a pipeline stage's own, whose earlier layers never write it), per window."""
+    if isinstance(attention_mask, dict):  # generate's masks over a static cache, one per entry of `layer_types`
+        return [attention_mask[layer_type] for layer_type in config.layer_types]
+    if is_paged(cache):
+        return paged_masks(attention_mask, windows)
     static = cache is not None and cache.is_compileable
-    past = cache.get_seq_length() if cache is not None and not static else 0
+    past = cache.get_seq_length(first_layer) if cache is not None and not static else 0
 
     def build(window: int | None) -> object:
         if (
@@ -244,8 +309,9 @@ def causal_masks(config, hidden: torch.Tensor, attention_mask, cache, position_i
         ):
             return None if attention_mask is None else attention_mask[:, None, None, :].bool()
         make_mask = create_causal_mask if window is None else create_sliding_window_causal_mask
+        layer = next(i for i, w in enumerate(windows) if w == window and i >= first_layer)
         # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
-        return make_mask(config, hidden, attention_mask, cache, position_ids)
+        return make_mask(config, hidden, attention_mask, cache, position_ids, layer_idx=layer)
 
     return per_block(windows, build)
 

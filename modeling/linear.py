@@ -21,6 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
 
+from .int8 import int8_linear
+
 
 def find_private(path: str) -> object | None:
     """The object at a dotted path under `torch` (importing submodules on the way), or None where this torch has
@@ -150,9 +152,14 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through oneDNN where `uses_onednn` allows."""
+    """`F.linear(x, weight, bias)`, through oneDNN where `uses_onednn` allows, or through torch's int8 kernel for
+    a quantizer's int8 weight where int8.py allows."""
     if uses_onednn(x, weight, bias):
         return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+    if not MISSING_PRIVATE and type(weight) not in _PLAIN and not (torch.is_grad_enabled() and x.requires_grad):
+        y = None if _watched() else int8_linear(x, weight, bias)  # compilers and tracers see torchao's own op
+        if y is not None:
+            return y
     return F.linear(x, weight, bias)
 
 

@@ -1,5 +1,8 @@
 """Mixture of experts: a top-k router sends each token to k of E gated feed-forward experts and mixes their outputs.
 
+The parts a recipe chooses: the routing rule (routers.py), the kind of expert (`EXPERTS`), a router bias, and an
+optional shared expert every token runs beside its routed ones (`SharedExpert`; `NoSharedExpert` when absent).
+
 Every expert is its own module (a `GatedFeedForward`), so `device_map` can put the experts of one layer on
 different devices: each expert's output is moved back to where the layer combines tokens, and the checkpoint
 layout (`experts.{e}.gate_proj/up_proj/down_proj`) never depends on the placement. Tokens are dispatched grouped
@@ -19,8 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from .expert_paths import weighted_experts
-from .feedforward import FeedForwardSpec, GatedFeedForward
+from .feedforward import ClampedSwiGLU, FeedForwardSpec, GatedFeedForward
+from .linear import Linear
+from .routers import RouterLogits, TopKRouter, routing
 from .tracing import tracing
+
+# The kinds of routed expert, by name (`MoESpec.expert`): each built from a `FeedForwardSpec` of the expert's size.
+EXPERTS: dict[str, type[nn.Module]] = {"gated": GatedFeedForward, "clamped_swiglu": ClampedSwiGLU}
 
 
 @dataclass(frozen=True)
@@ -32,37 +40,53 @@ class MoESpec:
     activation: str = "silu"  # SwiGLU experts
     jitter_noise: float = 0.0  # in training, inputs scaled by U(1 - noise, 1 + noise), as in Mixtral
     kind: str = "moe"  # its key in feedforward.FEEDFORWARDS, so that a block builds it like any feed-forward
+    routing: str = "softmax_top_k"  # key in routers.ROUTINGS
+    norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to one (for rules that offer it)
+    router_bias: bool = False
+    expert: str = "gated"  # key in EXPERTS
+    expert_bias: bool = False
+    shared_expert_size: int = 0  # > 0: a shared expert of this width beside the routed ones, with a sigmoid gate
+    swiglu_limit: float | None = None  # the clamped SwiGLU's bound and gain (expert="clamped_swiglu", gpt-oss)
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+        routing(self.routing)  # a clear error for an unknown rule, at build time
+        if self.expert not in EXPERTS:
+            raise ValueError(f"unknown expert kind {self.expert!r}; valid: {', '.join(sorted(EXPERTS))}")
+
+    def expert_spec(self, width: int) -> FeedForwardSpec:
+        return FeedForwardSpec(
+            self.expert,
+            self.hidden_size,
+            width,
+            self.activation,
+            bias=self.expert_bias,
+            limit=self.swiglu_limit,
+            alpha=self.swiglu_alpha,
+        )
 
 
-class TopKRouter(nn.Linear):
-    """Mixtral's router: a linear layer scoring every expert (`router.weight` [E, C], no bias). An nn.Linear, so
-    that tools adapting linear layers reach it (LoRA's "all-linear" adapts stock's router too); the routing is
-    `top_k_routing` on its scores."""
+class SharedExpert(nn.Module):
+    """Qwen2-MoE's shared expert: a gated feed-forward every token runs beside its routed experts, its output
+    scaled by a sigmoid gate (one score per token) and added to theirs."""
 
-    def __init__(self, hidden_size: int, num_experts: int):
-        super().__init__(hidden_size, num_experts, bias=False)
+    def __init__(self, spec: MoESpec):
+        super().__init__()
+        self.expert = GatedFeedForward(spec.expert_spec(spec.shared_expert_size))
+        self.gate = Linear(spec.hidden_size, 1, bias=False)
 
-    def reset_parameters(self) -> None:
-        # A model initialises it by role (`_init_weights`); here it only starts finite, drawing no random numbers,
-        # so that building a model consumes the random stream exactly as a model with a bare router parameter.
-        nn.init.zeros_(self.weight)
-
-
-class RouterLogits(nn.Identity):
-    """The logits that route the tokens pass through here, where `output_router_logits` records them: after the
-    router, with whatever a tool adapting it (LoRA) adds."""
+    def forward(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:  # [N, C], [N, C] -> [N, C]
+        # Under a device_map the gate and the expert may answer on devices of their own.
+        return routed + torch.sigmoid(self.gate(x)).to(routed.device) * self.expert(x).to(routed.device)
 
 
-def top_k_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixtral's routing: softmax over all experts in fp32, the top k kept and renormalised to sum to one.
-    logits [N, E] -> weights [N, R] fp32, experts [N, R]."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
-    return weights / weights.sum(dim=-1, keepdim=True), experts
+class NoSharedExpert(nn.Module):
+    """The absent shared expert: the routed experts' output as is."""
+
+    def forward(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        return routed
 
 
 class MixtureOfExperts(nn.Module):
@@ -70,18 +94,22 @@ class MixtureOfExperts(nn.Module):
         super().__init__()
         self.top_k = spec.top_k
         self.jitter_noise = spec.jitter_noise
-        self.router = TopKRouter(spec.hidden_size, spec.num_experts)
+        self.routing = routing(spec.routing)
+        self.norm_topk_prob = spec.norm_topk_prob
+        self.router = TopKRouter(spec.hidden_size, spec.num_experts, bias=spec.router_bias)
         self.router_logits = RouterLogits()
-        expert = FeedForwardSpec("gated", spec.hidden_size, spec.expert_size, spec.activation, bias=False)
-        self.experts = nn.ModuleList(GatedFeedForward(expert) for _ in range(spec.num_experts))
+        kind = EXPERTS[spec.expert]
+        self.experts = nn.ModuleList(kind(spec.expert_spec(spec.expert_size)) for _ in range(spec.num_experts))
+        self.shared_expert = SharedExpert(spec) if spec.shared_expert_size else NoSharedExpert()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
         x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [N, C]
         if self.training and self.jitter_noise > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
         logits = self.router_logits(self.router(x))  # [N, E], on the router's device (a device_map may choose it)
-        weights, experts = top_k_routing(logits, self.top_k)
-        return self.dispatch(x, weights.to(x.device), experts.to(x.device)).view(hidden_states.shape)
+        weights, experts = self.routing(logits, self.top_k, self.norm_topk_prob)
+        routed = self.dispatch(x, weights.to(x.device), experts.to(x.device))
+        return self.shared_expert(x, routed).view(hidden_states.shape)
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [N, C], weights/experts: [N, R] -> [N, C], each token the weighted sum of its experts' outputs."""
@@ -92,7 +120,7 @@ class MixtureOfExperts(nn.Module):
         token = order // self.top_k  # [A], the token of each grouped assignment
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
         y = run_experts(self.experts, x[token], counts).to(x.device) * weights.reshape(-1)[order, None]  # [A, C]
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))  # fp32 weighting, like Mixtral's
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))  # weighted in the routing's dtype
 
 
 def run_experts(experts: nn.ModuleList, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:

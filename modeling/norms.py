@@ -24,6 +24,14 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(self.weight.dtype if half else x.dtype)
 
 
+class HeadRMSNorm(RMSNorm):
+    """RMSNorm over each head's slice of a [B, T, H * D] projection: one weight of D shared by every head (Qwen3's
+    q_norm/k_norm), applied before the heads are split off, so attention treats it like any other query norm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] -> [B, T, H * D]
+        return super().forward(x.unflatten(-1, (-1, self.weight.shape[0]))).flatten(-2)
+
+
 def _layernorm(dim: int, eps: float) -> nn.Module:
     return nn.LayerNorm(dim, eps=eps)
 
@@ -42,6 +50,17 @@ NORMS = {
     "rmsnorm": RMSNorm,
     "none": _none,
 }
+
+
+# Query/key norms, by what they normalise over: "head" each head's D values, "width" the whole projection (H * D
+# for queries, K * D for keys, as OLMoE). Applied to the projection before rotary, as stock does.
+QK_NORMS = {"none": _none, "head": HeadRMSNorm, "width": RMSNorm}
+
+
+def build_qk_norm(kind: str, heads: int, head_dim: int, eps: float) -> nn.Module:
+    if kind not in QK_NORMS:
+        raise ValueError(f"unknown query/key norm {kind!r}; valid: {', '.join(sorted(QK_NORMS))}")
+    return QK_NORMS[kind](head_dim if kind == "head" else heads * head_dim, eps)
 
 
 def build_norm(kind: str, dim: int, eps: float) -> nn.Module:

@@ -13,10 +13,13 @@ from transformers.distributed.parallel_utils import replace_layer_number_by_wild
 
 from .attention import Attention
 from .block import Block
+from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .owned_memory import own_file_backed_tensors
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
-from .rotary import RotaryEmbedding, rotary_inverse_frequencies
+from .pipeline import adapt_stage, check_pipeline_parallel
+from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
+from .rotary import RotaryEmbedding
 
 
 class FivefoldPreTrainedModel(PreTrainedModel):
@@ -42,6 +45,12 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     # that split the experts.
     data_parallel_group: Any = None
     expert_group: Any = None
+    # The `experts_implementation` values fivefold honours. Its experts are each their own linear layers (what
+    # quantizers, offloading and expert parallelism reach), run one after another: stock's stacked kernels
+    # (batched_mm, grouped_mm, ...) read fused 3-D weights that fivefold does not hold, so they are refused.
+    experts_implementations: ClassVar[tuple[str, ...]] = ("eager",)
+    # Where a device_map offloads experts: the cache that holds those recently used (modeling/expert_offload.py).
+    expert_cache: Any = None
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
@@ -60,16 +69,44 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, RotaryEmbedding):
-            init.copy_(module.inv_freq, rotary_inverse_frequencies(module.head_dim, module.theta))
+            inv_freq, _ = module.initial_frequencies()
+            init.copy_(module.inv_freq, inv_freq)
+            if module.dynamic:
+                init.copy_(module.base_inv_freq, inv_freq)
+
+    def post_init(self) -> None:
+        super().post_init()
+        # transformers sets `config.quantization_config` before building the model it then hands to the quantizer.
+        prepare_for_quantizer(self, getattr(self.config, "quantization_config", None))
+
+    def _get_dtype_plan(self, dtype: torch.dtype) -> dict:
+        return drop_quantization_only(super()._get_dtype_plan(dtype))
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        """transformers' check of `experts_implementation` (from_pretrained, set_experts_implementation): unset
+        means eager, and a value fivefold does not honour is an error rather than silently ignored."""
+        if requested_experts is None:
+            return self.experts_implementations[0]
+        if requested_experts not in self.experts_implementations:
+            valid = ", ".join(repr(v) for v in self.experts_implementations)
+            raise ValueError(
+                f"{type(self).__name__} does not support experts_implementation={requested_experts!r}: fivefold runs "
+                f"each expert as its own linear layers, one after another. Supported: {valid}."
+            )
+        return requested_experts
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
-        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory. CPU
-        weights get memory of their own (`copy_file_backed_weights`): a shard changed under the running model
-        cannot crash it."""
+        """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
+        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
+        quantized nothing, raises QuantizationError (quantization.py). CPU weights get memory of their own
+        (`copy_file_backed_weights`): a shard changed under the running model cannot crash it."""
         loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
-        if cls.copy_file_backed_weights:
-            own_file_backed_tensors(loaded[0] if isinstance(loaded, tuple) else loaded)  # output_loading_info
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
+        check_quantized(model)
+        model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
+        if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
+            own_file_backed_tensors(model)
         return loaded
 
     @classmethod
@@ -78,6 +115,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
             stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
             if stock is not None:
+                check_stock_offload(pretrained_model_name_or_path, kwargs)
                 for key in ("config", *hub):  # the converted state and a local config replace them
                     kwargs.pop(key, None)
                 with stock as (config, state_dict):
@@ -100,6 +138,11 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         over per-expert modules, expert_parallel.py); the rest is stock's."""
         if mesh_manager is not None and distributed_config.ep_size > 1 and expert_layers(model):
             return distribute(model, distributed_config, mesh_manager)
+        if mesh_manager is not None and distributed_config.pp_size > 1:
+            check_pipeline_parallel(model)
+            model = super().maybe_distribute_model(model, distributed_config, mesh_manager)
+            adapt_stage(model)
+            return model
         if mesh_manager is not None and distributed_config.dp_size > 1:
             # Tied before FSDP2 shards them (transformers ties only after loading): FSDP2 then knows both modules
             # of a tied weight, else the output embedding keeps a stale copy after the first step.

@@ -51,6 +51,10 @@ class Recipe:
 
 
 class Stack(FivefoldPreTrainedModel):
+    # The first of `layers` this process runs: a pipeline stage's own (modeling/pipeline.py), whose earlier layers
+    # are identities that never write the cache, so the cache is read there.
+    first_layer: int = 0
+
     def __init__(self, config, spec: StackSpec, add_pooling_layer: bool | None = None):
         super().__init__(config)
         if add_pooling_layer and spec.pooler is None:
@@ -60,12 +64,10 @@ class Stack(FivefoldPreTrainedModel):
         # and device_map places its modules, in this order.
         self.embeddings = EMBEDDINGS[type(spec.embeddings)](spec.embeddings)
         self.relative_bias = RelativePositionBias(spec.relative_bias) if spec.relative_bias is not None else None
-        # One (cos, sin) table per distinct (head width, base); each rotary block reads the one of its own.
-        rotary = [
-            (b.attention.head_dim or width // b.attention.num_heads, b.attention.rotary_theta) for b in spec.blocks
-        ]
+        # One (cos, sin) table per distinct (head width, base, rope type); each rotary block reads the one of its own.
+        rotary = [(b.attention.per_head, b.attention.rotary_theta, b.attention.rope_type) for b in spec.blocks]
         tables = list(dict.fromkeys(r for r in rotary if r[1] is not None))
-        self.rotary = nn.ModuleList(RotaryEmbedding(head_dim, theta) for head_dim, theta in tables)
+        self.rotary = nn.ModuleList(RotaryEmbedding(*table, config=config) for table in tables)
         self.rotary_of_block = [tables.index(r) if r[1] is not None else None for r in rotary]
         self.layers = nn.ModuleList(Block(config, block, i) for i, block in enumerate(spec.blocks))
         self.norm = build_norm(spec.norm, width, spec.norm_eps)

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from transformers.modeling_outputs import QuestionAnsweringModelOutput
 
 from .heads import Head, HeadSpec, projection
+from .losses import span_loss
 from .pretrained import FivefoldPreTrainedModel
 
 
@@ -55,6 +57,22 @@ class TaskModel(FivefoldPreTrainedModel):
         if spec.projection:  # by the spec, not the module's type: PEFT wraps the heads it trains (modules_to_save)
             return owner(hidden, mask, pooled)
         return owner(self.head(hidden, mask, pooled))
+
+    def answer_spans(self, out, start_positions, end_positions) -> QuestionAnsweringModelOutput:
+        """Extractive QA on the backbone's output `out`: start and end logits per token, the span loss where both
+        positions ([B] each) are given."""
+        logits = self.run_head("question_answering", out.last_hidden_state)  # [B, T, 2]
+        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # 2 x [B, T]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()

@@ -22,6 +22,12 @@ from fivefold.conversion.source import build_config
 from fivefold.conversion.validation import check_plan, expected_tensors, our_prefix
 
 
+def stock_attention(stock_name: str, attn: str) -> str:
+    """The kernel a stock class runs as `attn`: eager where stock has no sdpa (gpt-oss, whose sinks its sdpa
+    cannot take; fivefold's sdpa takes them, and is compared with stock's eager)."""
+    return "eager" if attn == "sdpa" and not getattr(transformers, stock_name)._supports_sdpa else attn
+
+
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder's safetensors files, sharded or not."""
     out = {}
@@ -150,7 +156,7 @@ def plan_on_meta(arch: Architecture, stock: transformers.PreTrainedModel, shapes
     stock_name = type(stock).__name__
     target = arch.class_named(stock_name)
     config = build_config(arch, {**stock.config.to_dict(), "architectures": [stock_name]}, target, None)
-    plan = arch.keys(config).plan(shapes, arch.stock_prefix, our_prefix(arch, target))
+    plan = arch.keys(config).plan(shapes, arch.stock_prefix_of(target), our_prefix(arch, target))
     produced, tied = check_plan(arch, target, config, plan, shapes, strict=True)
     expected, _ = expected_tensors(target, config)
     return MetaConversion(config, plan, produced, expected, tied)

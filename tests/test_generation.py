@@ -9,7 +9,7 @@ import transformers
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 
-from helpers import generation_overrides
+from helpers import generation_overrides, stock_attention
 
 NEW = 24
 SEARCHES = {
@@ -35,7 +35,8 @@ def pair(converted):
         if (cls, attn) not in cache:
             stock_name = stock_class_name(cls)
             src, dst = converted(arch.stock_model_type, stock_name, **generation_overrides(arch))
-            stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=attn).eval()
+            stock_attn = stock_attention(stock_name, attn)
+            stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=stock_attn).eval()
             cache[cls, attn] = stock, cls.from_pretrained(dst, attn_implementation=attn).eval()
         return cache[cls, attn]
 

@@ -6,10 +6,11 @@ import torch
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
 
-from fivefold.conversion.mixtral import copy_stock_moe_block
+from fivefold.conversion.experts import copy_stock_moe_block
 from fivefold.modeling.feedforward import FeedForwardSpec, GatedFeedForward
-from fivefold.modeling.moe import MixtureOfExperts, MoESpec, load_balancing_loss, router_z_loss, top_k_routing
+from fivefold.modeling.moe import MixtureOfExperts, MoESpec, load_balancing_loss, router_z_loss
 from fivefold.modeling.parts import build_feedforward
+from fivefold.modeling.routers import softmax_top_k
 
 C, F, E, K = 16, 24, 6, 2
 
@@ -102,7 +103,7 @@ def test_routing_weights_follow_mixtral():
     _, ours = _pair()
     x = torch.randn(11, C)
     logits = ours.router(x)
-    weights, experts = top_k_routing(logits, K)
+    weights, experts = softmax_top_k(logits, K)
     probs = logits.float().softmax(-1)
     assert torch.equal(experts, probs.topk(K, dim=-1).indices)
     assert torch.allclose(weights, probs.gather(1, experts) / probs.gather(1, experts).sum(-1, keepdim=True))

@@ -10,6 +10,8 @@ import transformers
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.verify import compare
 
+from helpers import stock_attention
+
 HEADS = [
     pytest.param(arch, stock_class_name(cls), id=cls.__name__) for arch in ARCHITECTURES for cls in arch.models.values()
 ]
@@ -20,7 +22,8 @@ TOL = 1e-4
 @pytest.mark.parametrize(("arch", "stock_name"), HEADS)
 def test_head_matches_stock(converted, arch, stock_name, attn):
     src, dst = converted(arch.stock_model_type, stock_name)
-    stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=attn).eval()
+    stock_attn = stock_attention(stock_name, attn)
+    stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=stock_attn).eval()
     ours = arch.class_named(stock_name).from_pretrained(dst, attn_implementation=attn).eval()
     inputs = arch.sample_inputs(stock.config, stock_name, 0)
     assert "attention_mask" not in inputs or inputs["attention_mask"].min() == 0  # text: padded and ragged

@@ -8,4 +8,5 @@ TASK_CLASSES = {
     "gpt2": "GPT2LMHeadModel",
     "mixtral": "MixtralForCausalLM",
     "t5": "T5ForConditionalGeneration",
+    "gpt_oss": "GptOssForCausalLM",
 }

@@ -1,0 +1,269 @@
+"""Experts bigger than memory: stock's device_map offload against fivefold's expert cache, each contender in a fresh
+process inside a memory cgroup this script creates, so that every memory figure is a peak cgroup charge and every
+read that the limit pushes out of the page cache really reaches the disk.
+
+The reduced Mixtral (hidden 1024, 8 experts of width 3584, top-2, 4 layers, fp32: 1.6 GB) at two budgets, about a
+quarter and about half of the experts resident (`max_memory` = the always-resident parts + that share of the
+experts; the cgroup limit = `max_memory` + `--slack` for the interpreter and libraries), with two routers: stock's
+random init (close to uniform routing) and a skewed one whose router rows are scaled by a Zipf law, (e + 1) ** -1:
+expert popularity in trained MoEs is long-tailed (a few experts take most tokens, as measured on Mixtral and
+DeepSeek-MoE), and a Zipf law with exponent 1 is the simplest such tail; the shares it gives are printed. Contenders:
+stock with `device_map="auto"` + `max_memory` + `offload_folder`; fivefold with the cache off
+(`expert_cache_bytes=0`), with the cache (its default budget), with cache and prefetch; the whole model in memory
+(no limit) as the ceiling. Each greedily generates 32 tokens from a 32-token prompt and runs a 4 x 128 prefill.
+
+Reported: tokens/s, peak cgroup charge, bytes read from disk per generated token (`/proc/self/io`), hit rate,
+prefetch accuracy, load time, bytes written at load (the offload folder), whether the tokens are the ceiling's and
+the largest logit difference, and the floor: per token, the bytes fivefold's cache read at the disk bandwidth
+measured in this run, overlapped with the in-memory compute (the ceiling's time per token).
+
+    python benchmarks/offload.py            # as root, on a quiet machine: about 15 minutes on 2 cores
+    python benchmarks/offload.py --quick    # tiny sizes, one router, one budget, one fresh process: a smoke test
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from harness import checkpoints, command_line, machine_line, parse, table, write_report
+
+REDUCED = dict(
+    vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_local_experts=8, num_experts_per_tok=2,
+    num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+)  # fmt: skip
+QUICK = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+)  # fmt: skip
+CONTENDERS = {
+    "stock": {},
+    "fivefold, cache off": dict(expert_cache_bytes=0),
+    "fivefold, cache": {},
+    "fivefold, cache + prefetch": dict(expert_prefetch=True),
+}
+MB = 1e6
+
+
+def zipf_router(model: transformers.MixtralForCausalLM) -> None:
+    """Router rows scaled by (e + 1) ** -1: an expert with a larger row wins the top-k more often."""
+    for layer in model.model.layers:
+        scale = (torch.arange(layer.mlp.gate.weight.shape[0]) + 1.0) ** -1.0
+        layer.mlp.gate.weight.normal_(0.0, 0.5).mul_(scale[:, None])
+
+
+# --- one contender, in its own process ------------------------------------------------------------------------
+
+
+def read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("read_bytes")).split()[1])
+
+
+def child(job: dict) -> dict:
+    """Loads, generates and prefills as `job` says; what it measured."""
+    torch.set_num_threads(job["threads"])
+    transformers.utils.logging.set_verbosity_error()
+    import fivefold  # registers fivefold's classes
+
+    name = job["name"]
+    kwargs = {} if name == "whole" else dict(device_map="auto", max_memory={"cpu": job["max_memory"]})
+    offload = Path(job["offload"])
+    if name == "stock":
+        cls, folder, kwargs["offload_folder"] = transformers.MixtralForCausalLM, job["stock"], offload
+    else:
+        cls, folder = fivefold.FivefoldMixtralForCausalLM, job["fivefold"]
+        kwargs.update(CONTENDERS.get(name, {}))
+        if name != "whole":
+            kwargs["offload_folder"] = offload  # given, so that anything written would show
+    start = time.perf_counter()
+    model = cls.from_pretrained(folder, **kwargs).eval()
+    load = time.perf_counter() - start
+    written = sum(p.stat().st_size for p in offload.rglob("*") if p.is_file())
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.config.vocab_size, (1, job["prompt"]), generator=gen)
+    batch = torch.randint(3, model.config.vocab_size, job["prefill"], generator=gen)
+    with torch.no_grad():
+        model.generate(prompt[:, :4], max_new_tokens=2, do_sample=False)  # warm-up: first calls, allocator
+        cache = getattr(model, "expert_cache", None)
+        if cache is not None:
+            cache.reset_stats()
+        io, start = read_bytes(), time.perf_counter()
+        tokens = model.generate(prompt, max_new_tokens=job["new"], min_new_tokens=job["new"], do_sample=False)
+        decode = time.perf_counter() - start
+        io = read_bytes() - io
+        stats = None if cache is None else cache.stats
+        start = time.perf_counter()
+        logits = model(batch).logits[:, -1]
+        prefill = time.perf_counter() - start
+    return {
+        "load_s": load, "written": written, "tok_s": job["new"] / decode, "read_per_token": io / job["new"],
+        "prefill_tok_s": batch.numel() / prefill, "tokens": tokens[0].tolist(), "logits": logits.tolist(),
+        "hit_rate": None if stats is None else stats.hit_rate,
+        "prefetch": None if stats is None or not stats.prefetched else stats.prefetch_accuracy,
+        "cache_read_per_token": None if stats is None else stats.bytes_read / job["new"],
+    }  # fmt: skip
+
+
+# --- the cgroup ---------------------------------------------------------------------------------------------------
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own (v1 `/sys/fs/cgroup/memory`, else v2), its limit and its peak charge."""
+
+    def __init__(self, name: str, limit: int | None):
+        v1 = Path("/sys/fs/cgroup/memory")
+        self.v1 = v1.is_dir()
+        self.path = (v1 if self.v1 else Path("/sys/fs/cgroup")) / name
+        self.path.mkdir()
+        if limit is not None:
+            (self.path / ("memory.limit_in_bytes" if self.v1 else "memory.max")).write_text(str(limit))
+
+    def peak(self) -> int:
+        return int((self.path / ("memory.max_usage_in_bytes" if self.v1 else "memory.peak")).read_text())
+
+    def remove(self) -> None:
+        self.path.rmdir()
+
+
+def cgroups_available() -> bool:
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    usable = Path("/sys/fs/cgroup/memory").is_dir() or (v2.exists() and "memory" in v2.read_text())
+    return os.geteuid() == 0 and usable
+
+
+def drop_from_page_cache(folder: Path) -> None:
+    """The checkpoint's pages out of the page cache, so that the contender's reads start from the disk."""
+    for file in folder.rglob("*.safetensors"):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def disk_bandwidth(folder: Path) -> float:
+    """Bytes a second of a cold sequential read of the checkpoint's largest file."""
+    file = max(folder.rglob("*.safetensors"), key=lambda p: p.stat().st_size)
+    drop_from_page_cache(folder)
+    start, size = time.perf_counter(), 0
+    with open(file, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 24):
+            size += len(chunk)
+    return size / (time.perf_counter() - start)
+
+
+def run_contender(job: dict, limit: int | None, use_cgroup: bool, fresh: bool = True) -> dict:
+    """One contender's figures: in a fresh process inside a cgroup, or (`fresh=False`, --quick) in this one."""
+    drop_from_page_cache(Path(job["stock"]))
+    drop_from_page_cache(Path(job["fivefold"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        job = {**job, "offload": tmp}
+        if not fresh:
+            return {**child(job), "peak": None}
+        command = [sys.executable, __file__, "--child", json.dumps(job)]
+        group = MemoryCgroup(f"fivefold-offload-{os.getpid()}-{time.monotonic_ns()}", limit) if use_cgroup else None
+        prefix = f"echo $$ > {group.path / 'cgroup.procs'} && exec " if group else "exec "
+        try:
+            done = subprocess.run(["sh", "-c", prefix + " ".join(map(repr, command))], capture_output=True, text=True)
+            peak = group.peak() if group else None
+        finally:
+            if group:
+                group.remove()
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:120]}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak": peak}
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+
+def expert_bytes(config: dict) -> tuple[int, int]:
+    """(bytes of all the experts, bytes of everything else) of an fp32 Mixtral of these fields."""
+    names = ("hidden_size", "intermediate_size", "num_local_experts", "num_hidden_layers", "vocab_size")
+    c, f, e, layers, vocab = (config[k] for k in names)
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    attention = c * c * 2 + 2 * c * (c // heads * kv)
+    return 4 * layers * e * 3 * c * f, 4 * (2 * vocab * c + layers * (attention + e * c + 2 * c) + c)
+
+
+def row(name: str, got: dict, whole: dict) -> list[str]:
+    if "error" in got:
+        return [name, "failed: " + got["error"], *[""] * 9]
+    same = got["tokens"] == whole["tokens"]
+    diff = (torch.tensor(got["logits"]) - torch.tensor(whole["logits"])).abs().max().item()
+
+    def share(value):
+        return "" if value is None else f"{value:.0%}"
+
+    return [
+        name, f"{got['tok_s']:.2f}", f"{got['prefill_tok_s']:.0f}",
+        "" if got["peak"] is None else f"{got['peak'] / MB:,.0f}", f"{got['read_per_token'] / MB:,.1f}",
+        share(got["hit_rate"]), share(got["prefetch"]), f"{got['load_s']:.2f}", f"{got['written'] / MB:,.0f}",
+        "yes" if same else "NO", f"{diff:.1e}",
+    ]  # fmt: skip
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(child(json.loads(sys.argv[2]))))
+        return
+    parser = command_line(__doc__)
+    parser.add_argument("--slack", type=float, default=700, help="MB of cgroup limit above max_memory (default 700)")
+    args = parse(parser)
+    fields = QUICK if args.quick else REDUCED
+    experts, others = expert_bytes(fields)
+    shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
+    threads = torch.get_num_threads()
+    use_cgroup = cgroups_available()
+    lines = [
+        machine_line(f"cgroup: {'yes' if use_cgroup else 'NO (needs root and a memory cgroup)'}"),
+        "",
+        f"Mixtral {'tiny' if args.quick else 'reduced'}: experts {experts / MB:,.0f} MB, the rest {others / MB:,.0f}"
+        f" MB; greedy {shape['new']} tokens from a {shape['prompt']}-token prompt, prefill {shape['prefill']}.",
+    ]
+    header = ["contender", "tok/s", "prefill tok/s", "peak MB", "read MB/token", "hit rate", "prefetch right",
+              "load s", "written MB", "tokens = whole", "max logit diff"]  # fmt: skip
+    results = []
+    routers = (("random", None), ("skewed (Zipf)", zipf_router))
+    for router, init in routers[:1] if args.quick else routers:
+        with checkpoints(transformers.MixtralForCausalLM, fields, init=init) as found:
+            job = dict(stock=str(found.stock_dir), fivefold=str(found.fivefold_dir), threads=threads, **shape)
+            bandwidth = disk_bandwidth(found.fivefold_dir)
+            whole = run_contender({**job, "name": "whole"}, None, use_cgroup, fresh=not args.quick)
+            if "error" in whole:
+                raise SystemExit(f"the whole model failed: {whole['error']}")
+            for resident in (0.5,) if args.quick else (0.25, 0.5):
+                budget = int(others + resident * experts)
+                limit = int(budget + args.slack * MB)
+                # --quick: one contender in its own process and cgroup, the others in this one (a smoke test).
+                runs = {
+                    name: run_contender({**job, "name": name, "max_memory": budget}, limit, use_cgroup, fresh)
+                    for name, fresh in zip(CONTENDERS, (not args.quick, True, *[not args.quick] * 2), strict=True)
+                }
+                cached = runs["fivefold, cache"]
+                floor = max(1 / whole["tok_s"], cached.get("cache_read_per_token", 0) / bandwidth)
+                lines += [
+                    "",
+                    f"Router {router}, {resident:.0%} of experts resident: max_memory {budget / MB:,.0f} MB, cgroup"
+                    f" limit {limit / MB:,.0f} MB; disk {bandwidth / MB:,.0f} MB/s; floor {1 / floor:.2f} tok/s"
+                    " (the cache's bytes per token at that bandwidth, overlapped with compute)",
+                    "",
+                ]
+                rows = [row(name, got, whole) for name, got in runs.items()] + [row("whole in memory", whole, whole)]
+                lines += table(header, rows)
+                if "error" not in runs["stock"] and "error" not in cached:
+                    results.append({
+                        "architecture": "mixtral", "benchmark": f"decode, {router}, {resident:.0%} resident",
+                        "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
+                    })  # fmt: skip
+    write_report(lines, args.out, args.json, results)
+
+
+if __name__ == "__main__":
+    main()

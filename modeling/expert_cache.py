@@ -1,0 +1,195 @@
+"""The expert cache: the offloaded experts a mixture-of-experts model ran most recently, kept on their execution
+device under one byte budget for the whole model.
+
+The budget is split among the MoE layers in proportion to their experts' bytes, and each layer evicts its own least
+recently used expert. One model-wide LRU would be the wrong order: layers run in turn, so the entry used longest
+ago is always one of the layer about to run, and a model-wide LRU evicts exactly what is needed next. Within one
+layer, consecutive tokens choosing the same experts (and popular experts) are what the LRU keeps.
+
+A hit costs nothing: the expert's parameters stay on the device while it is cached. A miss reads only that
+expert's tensors (from the checkpoint or CPU memory), evicting older ones of its layer until it fits. An expert
+larger than its layer's share (a budget of 0 turns the cache off) is read for the call and dropped after it. Bytes
+read ahead by the prefetcher (prefetch.py) are reserved in the budget while they wait. (No shapes: whole tensors
+are moved here.)
+"""
+
+from collections import OrderedDict
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .expert_placement import DeviceCosts, compute_on_cpu
+
+
+@dataclass
+class CacheStats:
+    """What the cache did since it was built (or `reset_stats()`): `model.expert_cache.stats`."""
+
+    hits: int = 0  # expert calls whose weights were on the device already
+    misses: int = 0  # expert calls that had to read their weights
+    bytes_read: int = 0  # from safetensors files, by misses and by the prefetcher
+    evictions: int = 0
+    prefetched: int = 0  # experts read ahead for the next layer
+    prefetch_used: int = 0  # of those, how many that layer then ran
+    cpu_calls: int = 0  # calls computed on the CPU where the expert's weights live, instead of moved
+
+    @property
+    def hit_rate(self) -> float:
+        calls = self.hits + self.misses
+        return self.hits / calls if calls else 0.0
+
+    @property
+    def prefetch_accuracy(self) -> float:
+        return self.prefetch_used / self.prefetched if self.prefetched else 0.0
+
+
+class OffloadedExpert:
+    """One expert whose weights may live off its execution device: its tensors' sources, and a way to put them on
+    the module (while cached, or for one call) and take them off (back to meta)."""
+
+    def __init__(self, module: nn.Module, layer: str, index: int, sources: dict, device: torch.device):
+        self.module, self.layer, self.index, self.device = module, layer, index, torch.device(device)
+        self.sources = sources  # {parameter name in the module: FileTensor | MemoryTensor}
+        self.shapes = {name: (p.shape, p.dtype) for name, p in module.named_parameters()}
+        if set(self.shapes) != set(sources):
+            raise ValueError(f"{layer}.experts.{index}: no source for {sorted(set(self.shapes) - set(sources))}")
+        self.nbytes = sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())  # on the device
+        self.read_bytes = sum(source.nbytes for source in sources.values())  # from disk, per read
+        self.flops_per_token = 2 * sum(shape.numel() for shape, _ in self.shapes.values())
+
+    def __repr__(self) -> str:
+        return f"OffloadedExpert({self.layer}.experts.{self.index})"
+
+    def read(self) -> dict[str, torch.Tensor]:
+        """Its tensors in CPU memory (pinned for an accelerator), in the dtypes of the module's parameters."""
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        return {name: source.read(pin_memory=pin).to(self.shapes[name][1]) for name, source in self.sources.items()}
+
+    def materialize(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+        for name, tensor in tensors.items():
+            _set_parameter(self.module, name, tensor.to(device, non_blocking=True))
+
+    def release(self) -> None:
+        for name, (shape, dtype) in self.shapes.items():
+            _set_parameter(self.module, name, torch.empty(shape, dtype=dtype, device="meta"))
+
+    @property
+    def materialized(self) -> bool:
+        return next(iter(self.module.parameters())).device.type != "meta"
+
+
+def _set_parameter(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    target = module.get_submodule(owner)
+    target._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+
+
+class ExpertCache:
+    def __init__(self, experts: list[OffloadedExpert], budget: int, costs: DeviceCosts | None = None):
+        self.budget = budget
+        self.costs = costs or DeviceCosts()
+        self.stats = CacheStats()
+        self.experts = {(e.layer, e.index): e for e in experts}
+        self.layers = list(dict.fromkeys(e.layer for e in experts))  # in the order the model runs them
+        total = sum(e.nbytes for e in experts)
+        layer_bytes = {layer: sum(e.nbytes for e in experts if e.layer == layer) for layer in self.layers}
+        self.quota = {layer: budget * size // total if total else 0 for layer, size in layer_bytes.items()}
+        self.cached: dict[str, OrderedDict[int, OffloadedExpert]] = {layer: OrderedDict() for layer in self.layers}
+        self.used = dict.fromkeys(self.layers, 0)  # bytes on the device: cached plus reserved for reads ahead
+        self.staged: dict[OffloadedExpert, Future] = {}
+        self.transient: set[OffloadedExpert] = set()  # materialized for one call only
+        self.prefetcher = None  # an ExpertPrefetcher, with config.expert_prefetch
+        for expert in experts:  # those a device map placed on the device start cached, oldest first
+            if expert.materialized:
+                self._insert(expert)
+                self._room_for(expert.layer, 0)
+
+    def reset_stats(self) -> None:
+        self.stats = CacheStats()
+
+    @property
+    def bytes_cached(self) -> int:
+        return sum(self.used.values())
+
+    def cached_experts(self, layer: str) -> list[int]:
+        """The indices of a layer's cached experts, least recently used first."""
+        return list(self.cached[layer])
+
+    # --- a call of an expert ------------------------------------------------------------------------------------
+
+    def acquire(self, expert: OffloadedExpert, tokens: int) -> torch.device:
+        """Puts the expert's weights where it will run for `tokens` rows; the device it runs on."""
+        lru = self.cached[expert.layer]
+        if expert.index in lru:
+            lru.move_to_end(expert.index)
+            self.stats.hits += 1
+            return expert.device
+        self.stats.misses += 1
+        future = self.staged.pop(expert, None)
+        if future is not None:
+            tensors = future.result()
+            self.stats.prefetch_used += 1
+            self.used[expert.layer] -= expert.nbytes  # the reservation becomes the entry
+        else:
+            tensors = expert.read()
+            self.stats.bytes_read += expert.read_bytes
+            if expert.device.type != "cpu" and compute_on_cpu(
+                tokens, expert.nbytes, expert.flops_per_token, self.costs
+            ):
+                expert.materialize(tensors, torch.device("cpu"))
+                self.transient.add(expert)
+                self.stats.cpu_calls += 1
+                return torch.device("cpu")
+        expert.materialize(tensors, expert.device)
+        if self._room_for(expert.layer, expert.nbytes):
+            self._insert(expert)
+        else:
+            self.transient.add(expert)
+        return expert.device
+
+    def done(self, expert: OffloadedExpert) -> None:
+        if expert in self.transient:
+            self.transient.discard(expert)
+            expert.release()
+
+    # --- reads ahead (prefetch.py) ------------------------------------------------------------------------------
+
+    def prefetch(self, layer: str, indices: list[int], pool: Executor) -> None:
+        """Starts reading the given experts of `layer` in the background, each in room made in its share."""
+        self._settle(layer)
+        for index in indices:
+            expert = self.experts.get((layer, index))
+            if expert is None or index in self.cached[layer] or expert in self.staged:
+                continue
+            if not self._room_for(layer, expert.nbytes):
+                return
+            self.used[layer] += expert.nbytes
+            self.staged[expert] = pool.submit(expert.read)
+            self.stats.prefetched += 1
+            self.stats.bytes_read += expert.read_bytes
+
+    def _settle(self, layer: str) -> None:
+        """Reads ahead that the layer did not use become its oldest entries: their bytes are already read."""
+        for expert in [e for e in self.staged if e.layer == layer]:
+            tensors = self.staged.pop(expert).result()
+            expert.materialize(tensors, expert.device)
+            self.cached[layer][expert.index] = expert
+            self.cached[layer].move_to_end(expert.index, last=False)
+
+    # --- bookkeeping --------------------------------------------------------------------------------------------
+
+    def _insert(self, expert: OffloadedExpert) -> None:
+        self.cached[expert.layer][expert.index] = expert
+        self.used[expert.layer] += expert.nbytes
+
+    def _room_for(self, layer: str, nbytes: int) -> bool:
+        """Evicts the layer's least recently used experts until `nbytes` more fit its share; whether they do."""
+        lru = self.cached[layer]
+        while lru and self.used[layer] + nbytes > self.quota[layer]:
+            _, evicted = lru.popitem(last=False)
+            evicted.release()
+            self.used[layer] -= evicted.nbytes
+            self.stats.evictions += 1
+        return self.used[layer] + nbytes <= self.quota[layer]

@@ -1,0 +1,179 @@
+"""Experts bigger than memory: after `from_pretrained` with a `device_map` that offloads experts ("disk", or "cpu"
+under an accelerator), each offloaded expert's accelerate hooks are replaced by one that goes through the model's
+expert cache (expert_cache.py), optionally fed by reads ahead (prefetch.py). Nothing is written at load: an expert
+on "disk" is read from the tensor transformers' offload index names, the checkpoint's own safetensors file for a
+converted folder (an offload folder only where transformers had to write one, as for a stock folder converted in
+memory).
+
+The budget: `config.expert_cache_bytes` (an int, or a size such as "4GB"; 0 turns the cache off, so that each
+offloaded expert is read for every call, as accelerate does). By default it is what `max_memory` leaves on the
+execution device after everything resident there but the experts the cache manages, and at least the bytes of the
+experts the device map placed there (which start cached and may be evicted and read back from the checkpoint).
+`config.expert_prefetch` turns the reads ahead on. Every MoE layer (`MixtureOfExperts`) of any architecture is
+reached; nothing here knows which architecture it serves.
+"""
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from accelerate.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
+from accelerate.utils import convert_file_size_to_int, send_to_device
+from torch import nn
+
+from .expert_cache import ExpertCache, OffloadedExpert
+from .expert_store import FileTensor, MemoryTensor, index_folders
+from .moe import MixtureOfExperts
+from .prefetch import ExpertPrefetcher
+
+
+class OffloadedTraining(RuntimeError):
+    """Training a model whose experts are offloaded."""
+
+
+class ExpertHook(ModelHook):
+    """Runs one offloaded expert through the cache: its weights put on the device before the call, and dropped after
+    it unless cached. `weights_map` lets `save_pretrained` read the expert back, as it reads accelerate's."""
+
+    def __init__(self, cache: ExpertCache, expert: OffloadedExpert):
+        self.cache, self.expert = cache, expert
+        self.weights_map = ExpertWeights(expert)
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        if module.training and torch.is_grad_enabled():
+            raise OffloadedTraining(
+                f"{self.expert} is offloaded (device_map placed it on 'disk' or 'cpu'): its weights are read back "
+                "for each call and dropped, so training cannot update them. Train with every expert on the "
+                "execution device (no offloading device_map), or call model.eval() / torch.no_grad() to run it."
+            )
+        device = self.cache.acquire(self.expert, args[0].shape[0] if args else 1)
+        return send_to_device(args, device), send_to_device(kwargs, device)
+
+    def post_forward(self, module: nn.Module, output):
+        self.cache.done(self.expert)
+        return output
+
+
+class ExpertWeights(Mapping):
+    """An offloaded expert's tensors by parameter name, read on access (in CPU memory)."""
+
+    def __init__(self, expert: OffloadedExpert):
+        self.expert = expert
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.expert.sources[name].read().to(self.expert.shapes[name][1])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.expert.sources)
+
+    def __len__(self) -> int:
+        return len(self.expert.sources)
+
+
+def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> ExpertCache | None:
+    """Puts the model's offloaded experts under one expert cache (`model.expert_cache`); None if none is
+    offloaded."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MixtureOfExperts)]
+    offloaded = [found for name, layer in layers for found in _offloaded(name, layer)]
+    if not offloaded:
+        return None
+    setting = getattr(model.config, "expert_cache_bytes", None)
+    budget = None if setting is None else convert_file_size_to_int(setting)
+    if budget != 0:  # experts the device map placed on the device are the cache's too, where it can read them back
+        folders = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
+        offloaded += _resident(layers, folders)
+    if budget is None:
+        budget = _default_budget(model, offloaded, max_memory)
+    cache = ExpertCache(offloaded, budget)
+    for expert in offloaded:
+        remove_hook_from_module(expert.module, recurse=True)
+        add_hook_to_module(expert.module, ExpertHook(cache, expert))
+    if getattr(model.config, "expert_prefetch", False):
+        cache.prefetcher = ExpertPrefetcher(cache, layers)
+    return cache
+
+
+def check_stock_offload(name: str | os.PathLike, load_kwargs: dict) -> None:
+    """A stock folder is converted in memory, so experts it places on "disk" have no file of fivefold's layout to be
+    read from: transformers must write them to an offload folder."""
+    device_map = load_kwargs.get("device_map")
+    if isinstance(device_map, dict) and "disk" in device_map.values() and load_kwargs.get("offload_folder") is None:
+        raise ValueError(
+            f"{name} is a stock checkpoint, converted in memory: the modules its device_map places on 'disk' have "
+            "no converted file to be read from. Convert it once (`fivefold convert SRC DST`, shard by shard) and "
+            "load DST, which serves them from its own files, or pass offload_folder= for transformers to write "
+            "them there at load."
+        )
+
+
+def _on_disk(source) -> bool:
+    return isinstance(source, FileTensor)
+
+
+def _offloaded(layer_name: str, layer: MixtureOfExperts) -> Iterator[OffloadedExpert]:
+    """The experts of a layer whose weights accelerate's hooks bring in at each call, with where they read them."""
+    for index, expert in enumerate(layer.experts):
+        sources, device = {}, None
+        for sub_name, sub in expert.named_modules():
+            for hook in _hooks(sub):
+                if not getattr(hook, "offload", False) or hook.weights_map is None:
+                    continue
+                device = hook.execution_device
+                for leaf, _ in sub.named_parameters(recurse=False):
+                    name = f"{sub_name}.{leaf}" if sub_name else leaf
+                    sources[name] = _source(hook.weights_map, leaf)
+        if sources:
+            yield OffloadedExpert(expert, layer_name, index, sources, device)
+
+
+def _hooks(module: nn.Module) -> list:
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        return []
+    return list(hook.hooks) if isinstance(hook, SequentialHook) else [hook]
+
+
+def _source(weights_map, leaf: str):
+    """Where accelerate's weights map reads a tensor: an offload index entry (a safetensors tensor) or memory."""
+    loader, key = getattr(weights_map, "dataset", weights_map), f"{getattr(weights_map, 'prefix', '')}{leaf}"
+    state_dict, index = getattr(loader, "state_dict", {}), getattr(loader, "index", {})
+    if key in state_dict:
+        return MemoryTensor(state_dict[key])
+    info = index.get(key, {})
+    if info.get("safetensors_file") is None:
+        raise ValueError(f"{key} is offloaded in a format fivefold's expert cache cannot read (not safetensors)")
+    return FileTensor(info["safetensors_file"], info.get("weight_name", key))
+
+
+def _resident(layers: list, folders: set[Path]) -> list[OffloadedExpert]:
+    """The experts the device map placed on the execution device whose tensors these folders hold."""
+    if not folders:
+        return []
+    files = index_folders(folders)
+    found = []
+    for layer_name, layer in layers:
+        for index, expert in enumerate(layer.experts):
+            params = dict(expert.named_parameters())
+            if not params or any(p.device.type == "meta" for p in params.values()):
+                continue
+            prefix = f"{layer_name}.experts.{index}."
+            sources = {name: files.get(prefix + name) for name in params}
+            if all(s is not None and s.entry.shape == tuple(params[n].shape) for n, s in sources.items()):
+                found.append(OffloadedExpert(expert, layer_name, index, sources, next(iter(params.values())).device))
+    return found
+
+
+def _default_budget(model: nn.Module, experts: list[OffloadedExpert], max_memory: dict | None) -> int:
+    """What `max_memory` leaves on the execution device after what stays resident there, and at least the bytes of
+    the experts the device map placed there."""
+    placed = sum(e.nbytes for e in experts if e.materialized)
+    device = experts[0].device
+    key = device.index if device.type == "cuda" else device.type
+    limit = (max_memory or {}).get(key, (max_memory or {}).get(str(device)))
+    if limit is None:
+        return placed
+    managed = {id(p) for e in experts for p in e.module.parameters()}
+    tensors = [*model.parameters(), *model.buffers()]
+    resident = sum(t.numel() * t.element_size() for t in tensors if t.device == device and id(t) not in managed)
+    return max(placed, convert_file_size_to_int(limit) - resident)

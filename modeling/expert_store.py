@@ -1,0 +1,118 @@
+"""Where an offloaded expert's tensors are read from: a tensor of a safetensors file (the checkpoint folder itself,
+or an offload folder transformers wrote at load), or a tensor held in CPU memory.
+
+A file is opened by its path at every read and its header checked against what it held when the model was loaded,
+so that a checkpoint deleted, truncated or rewritten under a running model is a clear error naming the file, never
+a crash on a dead memory map or weights silently different from those the model was loaded with. Reads go through
+`readinto` (no memory map kept), which releases the GIL: a background thread can read while the model computes.
+"""
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+class ExpertReadError(RuntimeError):
+    """An offloaded expert's tensor could not be read back from the file it was loaded from."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # from the start of the file
+    nbytes: int
+
+
+def read_header(path: str | os.PathLike) -> dict[str, TensorEntry]:
+    """The tensors a safetensors file holds, by name, with where their bytes lie."""
+    with open(path, "rb") as f:
+        return _parse_header(f, path)
+
+
+def _parse_header(f, path) -> dict[str, TensorEntry]:
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(8)
+    if len(head) < 8:
+        raise ExpertReadError(f"{path} is not a safetensors file (it has {size} bytes)")
+    (length,) = struct.unpack("<Q", head)
+    if 8 + length > size:
+        raise ExpertReadError(f"{path} is truncated: its header says {length} bytes, the file has {size}")
+    header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    entries = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        if info["dtype"] not in _DTYPES:
+            raise ExpertReadError(f"{path}: tensor {name} has dtype {info['dtype']}, which fivefold cannot read")
+        entries[name] = TensorEntry(_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + length + begin, end - begin)
+    return entries
+
+
+class FileTensor:
+    """One tensor of a safetensors file, read on demand."""
+
+    def __init__(self, path: str | os.PathLike, name: str, entry: TensorEntry | None = None):
+        self.path, self.name = str(path), name
+        self.entry = entry if entry is not None else self._entry_in(read_header(path))
+        self.nbytes = self.entry.nbytes  # the bytes a read takes from the file
+
+    def _entry_in(self, header: dict[str, TensorEntry]) -> TensorEntry:
+        if self.name not in header:
+            raise ExpertReadError(f"{self.path} no longer holds tensor {self.name}: the checkpoint changed")
+        return header[self.name]
+
+    def read(self, pin_memory: bool = False) -> torch.Tensor:
+        try:
+            with open(self.path, "rb") as f:
+                if self._entry_in(_parse_header(f, self.path)) != self.entry:
+                    raise ExpertReadError(
+                        f"{self.path} changed since the model was loaded: tensor {self.name} is no longer where it was"
+                    )
+                if os.fstat(f.fileno()).st_size < self.entry.offset + self.nbytes:
+                    raise ExpertReadError(f"{self.path} is truncated: tensor {self.name} lies past its end")
+                out = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+                f.seek(self.entry.offset)
+                got = f.readinto(memoryview(out.numpy()))
+        except FileNotFoundError as error:
+            raise ExpertReadError(
+                f"{self.path} was removed while the model uses it: offloaded experts are read from it at every miss"
+            ) from error
+        except (OSError, ValueError) as error:  # ValueError: a header that is not JSON
+            raise ExpertReadError(f"reading tensor {self.name} from {self.path} failed: {error}") from error
+        if got != self.nbytes:
+            raise ExpertReadError(f"{self.path} is truncated: tensor {self.name} lies past its end")
+        return out.view(self.entry.dtype).reshape(self.entry.shape)
+
+
+class MemoryTensor:
+    """A tensor already in CPU memory (an expert placed on "cpu" while the model runs on an accelerator)."""
+
+    nbytes = 0  # nothing is read from a disk
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def read(self, pin_memory: bool = False) -> torch.Tensor:
+        return self.tensor
+
+
+def index_folders(folders: set[Path]) -> dict[str, FileTensor]:
+    """Every tensor of the safetensors files in these folders, by name (for the experts a device map placed on the
+    execution device, which the cache may evict and read back later)."""
+    out = {}
+    for folder in sorted(folders):
+        for file in sorted(folder.glob("*.safetensors")):
+            for name, entry in read_header(file).items():
+                out.setdefault(name, FileTensor(file, name, entry))
+    return out

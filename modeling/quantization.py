@@ -1,0 +1,90 @@
+"""What fivefold does so that transformers' quantizers (`from_pretrained(quantization_config=...)`) quantize its
+models as they quantize stock's, experts included, and never report a quantization that did not happen.
+
+- Integrations that replace modules by exact type (`type(m) is nn.Linear`: bitsandbytes, fine-grained fp8, gguf)
+  would skip fivefold's `Linear`, an `nn.Linear` subclass. Under any quantizer but those whose weights the oneDNN
+  linear understands (torchao swaps only the weight tensor and keeps the module), fivefold's linears become plain
+  `nn.Linear` before the quantizer sees the model: the same parameters and names; `Linear` adds no state.
+- The router of a mixture of experts stays unquantized, as stock's does (its router is no `nn.Linear`): a
+  quantized router flips the experts a token picks, and its weight is a few kilobytes.
+- After loading, a quantizer that quantized no module raises `QuantizationError`.
+"""
+
+import torch
+from torch import nn
+from transformers.quantizers.quantizers_utils import should_convert_module
+
+from .linear import Linear
+
+# Quantization methods whose quantized weights fivefold's `Linear` runs (linear.py): it keeps its modules there.
+KEEPS_FIVEFOLD_LINEAR = frozenset({"torchao"})
+
+# Module-name patterns (transformers' `should_convert_module` syntax: a regex matched from the start of a module or
+# parameter name, ending at a name boundary) that no quantizer converts.
+NOT_QUANTIZED = (r".*\.router",)
+
+# Not a quantized weight: a plain floating-point tensor, or none.
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+class QuantizationError(ValueError):
+    """A quantizer loaded a model without quantizing any of its modules."""
+
+
+def quant_method(quantization_config: object) -> str | None:
+    """The `quant_method` of a quantization config (a transformers config object or its dict in config.json)."""
+    if quantization_config is None:
+        return None
+    if isinstance(quantization_config, dict):
+        method = quantization_config.get("quant_method")
+    else:
+        method = getattr(quantization_config, "quant_method", None)
+    return getattr(method, "value", method)  # transformers' QuantizationMethod is a str enum
+
+
+def prepare_for_quantizer(model: nn.Module, quantization_config: object) -> None:
+    """Called at the end of a model's construction, before a quantizer rewrites it: fivefold's linears become
+    plain ones where the quantizer would skip them, and routers join the modules no quantizer converts."""
+    method = quant_method(quantization_config)
+    if method is None:
+        return
+    if method not in KEEPS_FIVEFOLD_LINEAR:
+        # Those kept in fp32 stay as they are: no quantizer replaces them, and T5's `OutputProjection` casts its
+        # input to its fp32 weight.
+        keep = list(model._keep_in_fp32_modules or ())
+        for name, module in model.named_modules():
+            if isinstance(module, Linear) and should_convert_module(name, keep):
+                module.__class__ = nn.Linear  # Linear and its subclasses add no state: only the forward changes
+    model._keep_in_fp32_modules = {*(model._keep_in_fp32_modules or ()), *NOT_QUANTIZED}
+
+
+def drop_quantization_only(dtype_plan: dict) -> dict:
+    """The dtype plan (transformers' `_get_dtype_plan`) without the patterns `prepare_for_quantizer` added: they keep
+    modules out of quantization, not in fp32 under fp16."""
+    return {key: dtype for key, dtype in dtype_plan.items() if key not in NOT_QUANTIZED}
+
+
+def is_quantized_weight(weight: object) -> bool:
+    """A weight a quantizer replaced: a tensor subclass (torchao, quanto, bitsandbytes' params) or integer data."""
+    if not isinstance(weight, torch.Tensor):
+        return False
+    return type(weight) not in _PLAIN or not weight.is_floating_point()
+
+
+def quantized_modules(model: nn.Module) -> list[str]:
+    """The names of the modules of `model` holding a quantized weight (the same count for stock and fivefold)."""
+    return [name for name, module in model.named_modules() if is_quantized_weight(getattr(module, "weight", None))]
+
+
+def check_quantized(model: nn.Module) -> None:
+    """Raises QuantizationError when `model` was loaded with a quantizer and no module of it holds a quantized
+    weight (DESIGN.md: a quantizer that quantizes nothing is an error, not a silent no-op)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or not getattr(model, "is_quantized", False) or quantized_modules(model):
+        return
+    method = quant_method(quantizer.quantization_config)
+    raise QuantizationError(
+        f"the {method} quantizer quantized no module of {type(model).__name__}: every linear layer is still in "
+        "full precision. Check the quantization config's modules_to_not_convert / skip lists, and that this "
+        f"{method} release supports these layers on this device"
+    )

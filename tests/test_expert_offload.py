@@ -1,0 +1,286 @@
+"""Experts bigger than memory: experts a device_map offloads are read from the checkpoint's own files (nothing
+written at load), kept in a byte-budgeted per-layer LRU cache, optionally read ahead; results never change; a
+checkpoint file removed or truncated under a running model is a clear error naming it; training is refused.
+Every MoE architecture of the table (a row whose model has `MixtureOfExperts` layers) runs the model-level tests."""
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from fivefold.architectures import ARCHITECTURES, stock_class_name
+from fivefold.conversion.inputs import causal_text_sample
+from fivefold.modeling.expert_cache import ExpertCache, OffloadedExpert
+from fivefold.modeling.expert_offload import OffloadedTraining
+from fivefold.modeling.expert_placement import DeviceCosts, compute_on_cpu
+from fivefold.modeling.expert_store import ExpertReadError, FileTensor, read_header
+from fivefold.modeling.moe import MixtureOfExperts, MoESpec
+
+
+def _causal_lm(arch):
+    return next((cls for auto, cls in arch.models.items() if auto == "AutoModelForCausalLM"), None)
+
+
+def _is_moe(arch) -> bool:
+    cls = _causal_lm(arch)
+    if cls is None:
+        return False
+    with torch.device("meta"):
+        model = cls(arch.config_class(**arch.tiny))
+    return any(isinstance(m, MixtureOfExperts) for m in model.modules())
+
+
+MOE = [arch for arch in ARCHITECTURES if _is_moe(arch)]
+
+
+@pytest.fixture(params=MOE, ids=lambda arch: arch.stock_model_type)
+def moe_folder(request, converted):
+    arch = request.param
+    cls = _causal_lm(arch)
+    _, dst = converted(arch.stock_model_type, stock_class_name(cls))
+    return arch, cls, dst
+
+
+def _on_disk(model, disk: set[str]) -> dict[str, str]:
+    """A device map with the named modules on disk and everything else on the CPU (in disjoint subtrees, as
+    accelerate wants them)."""
+    device_map = {}
+
+    def place(module, name):
+        if name in disk:
+            device_map[name] = "disk"
+        elif not any(d.startswith(f"{name}." if name else "") for d in disk):
+            device_map[name] = "cpu"
+        else:
+            for child, sub in module.named_children():
+                place(sub, f"{name}.{child}" if name else child)
+
+    place(model, "")
+    return device_map
+
+
+def _odd_experts_on_disk(model) -> dict[str, str]:
+    """Everything on the CPU, except every odd-numbered expert of every MoE layer, on disk."""
+    disk = set()
+    for name, module in model.named_modules():
+        if isinstance(module, MixtureOfExperts):
+            disk.update(f"{name}.experts.{e}" for e in range(1, len(module.experts), 2))
+    return _on_disk(model, disk)
+
+
+def _load(cls, folder, device_map, **kwargs):
+    return cls.from_pretrained(folder, device_map=device_map, **kwargs).eval()
+
+
+# --- the checkpoint is the offload store ------------------------------------------------------------------------
+
+
+def test_disk_experts_are_read_from_the_checkpoint_and_nothing_is_written(moe_folder, tmp_path):
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst).eval()
+    offload = tmp_path / "offload"
+    placed = _load(cls, dst, _odd_experts_on_disk(plain), offload_folder=offload)
+    files = {s.path for e in placed.expert_cache.experts.values() for s in e.sources.values()}
+    assert files and all(f.startswith(str(dst)) for f in files)
+    assert not any(offload.rglob("*"))  # nothing written at load
+    inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
+    with torch.no_grad():
+        assert (plain(**inputs).logits - placed(**inputs).logits).abs().max() <= 1e-5
+
+
+def test_a_stock_folder_with_disk_experts_needs_an_offload_folder(converted, tmp_path):
+    src, dst = converted("mixtral", "MixtralForCausalLM")
+    cls = _causal_lm(MOE[0])
+    device_map = _odd_experts_on_disk(cls.from_pretrained(dst))
+    with pytest.raises(ValueError, match=r"stock checkpoint, converted in memory.*fivefold convert"):
+        cls.from_pretrained(src, device_map=device_map)
+    placed = _load(cls, src, device_map, offload_folder=tmp_path / "offload")
+    assert any((tmp_path / "offload").glob("*.safetensors"))  # transformers wrote them there
+    ids = torch.tensor([[5, 17, 42, 8]])
+    with torch.no_grad():
+        assert (placed(ids).logits - cls.from_pretrained(dst).eval()(ids).logits).abs().max() <= 1e-5
+
+
+# --- the cache on its own ---------------------------------------------------------------------------------------
+
+
+def _layers_on_file(tmp_path, layers: int = 2, experts: int = 4) -> tuple[list[OffloadedExpert], list]:
+    """`layers` tiny MoE layers whose experts live in one safetensors file, each released to meta."""
+    torch.manual_seed(0)
+    spec = MoESpec(hidden_size=8, expert_size=12, num_experts=experts, top_k=2)
+    moes = [MixtureOfExperts(spec) for _ in range(layers)]
+    file = tmp_path / "experts.safetensors"
+    tensors = {
+        f"l{i}.e{e}.{n}": p.detach().clone()
+        for i, m in enumerate(moes)
+        for e, x in enumerate(m.experts)
+        for n, p in x.named_parameters()
+    }
+    save_file(tensors, file)
+    header = read_header(file)
+    out = []
+    for i, moe in enumerate(moes):
+        for e, expert in enumerate(moe.experts):
+            names = [n for n, _ in expert.named_parameters()]
+            sources = {n: FileTensor(file, f"l{i}.e{e}.{n}", header[f"l{i}.e{e}.{n}"]) for n in names}
+            out.append(OffloadedExpert(expert, f"l{i}", e, sources, torch.device("cpu")))
+            out[-1].release()
+    return out, moes
+
+
+def test_each_layer_evicts_its_least_recently_used_expert(tmp_path):
+    experts, _ = _layers_on_file(tmp_path)
+    size = experts[0].nbytes
+    cache = ExpertCache(experts, budget=4 * size)  # two experts a layer
+    calls = [("l0", 0), ("l0", 1), ("l1", 3), ("l0", 0), ("l0", 2), ("l1", 2), ("l1", 1)]
+    for layer, index in calls:
+        expert = cache.experts[(layer, index)]
+        cache.acquire(expert, 1)
+        cache.done(expert)
+    assert cache.cached_experts("l0") == [0, 2]  # 1 was the least recently used when 2 came in
+    assert cache.cached_experts("l1") == [2, 1]
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 6, 2)
+    assert cache.stats.bytes_read == 6 * size  # a miss reads that expert's tensors only
+    assert [e.materialized for e in experts] == [True, False, True, False, False, True, True, False]
+
+
+def test_the_budget_is_never_exceeded_and_hits_cost_no_read(tmp_path):
+    experts, _ = _layers_on_file(tmp_path, experts=6)
+    size = experts[0].nbytes
+    cache = ExpertCache(experts, budget=5 * size)  # 2.5 experts a layer: two fit
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        expert = experts[int(torch.randint(len(experts), (1,), generator=generator))]
+        read_before = cache.stats.bytes_read
+        hit = expert.index in cache.cached[expert.layer]
+        cache.acquire(expert, 1)
+        assert cache.stats.bytes_read == read_before + (0 if hit else size)
+        cache.done(expert)
+        assert cache.bytes_cached <= cache.budget
+        on_device = sum(e.nbytes for e in experts if e.materialized)
+        assert on_device == cache.bytes_cached <= 4 * size
+    assert cache.stats.hits + cache.stats.misses == 200 and cache.stats.hits > 0
+
+
+def test_a_budget_of_zero_reads_every_call_and_keeps_nothing(tmp_path):
+    experts, _ = _layers_on_file(tmp_path)
+    cache = ExpertCache(experts, budget=0)
+    for expert in experts[:3] * 2:
+        assert cache.acquire(expert, 1) == torch.device("cpu") and expert.materialized
+        cache.done(expert)
+        assert not expert.materialized
+    assert (cache.stats.hits, cache.stats.misses) == (0, 6)
+
+
+def test_compute_where_the_expert_lives_by_token_count_and_sizes(tmp_path):
+    costs = DeviceCosts(cpu_flops=1e9, transfer_bytes=1e9)  # a fake machine: moving a byte = one CPU flop
+    assert compute_on_cpu(tokens=1, weight_bytes=4000, flops_per_token=2000, costs=costs)
+    assert not compute_on_cpu(tokens=2, weight_bytes=4000, flops_per_token=2000, costs=costs)
+    experts, _ = _layers_on_file(tmp_path)
+    expert = experts[0]
+    expert.device = torch.device("cuda")  # an accelerator that is never touched: the call stays on the CPU
+    cache = ExpertCache(experts, budget=10 * expert.nbytes, costs=DeviceCosts(cpu_flops=1e15, transfer_bytes=1.0))
+    assert cache.acquire(expert, tokens=3) == torch.device("cpu")
+    assert next(expert.module.parameters()).device.type == "cpu" and cache.stats.cpu_calls == 1
+    cache.done(expert)
+    assert not expert.materialized and cache.cached_experts("l0") == []  # not cached: it never reached the device
+
+
+# --- results never change -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def expected_generations():
+    """Each folder's generations held whole in memory, computed once: {(folder, options): tokens}."""
+    return {}
+
+
+GREEDY, BEAMS, SAMPLED = dict(do_sample=False), dict(num_beams=2, do_sample=False), dict(do_sample=True, top_k=5)
+
+
+@pytest.mark.parametrize(
+    ("setting", "modes"),
+    [(dict(expert_cache_bytes=0), [GREEDY]), ({}, [GREEDY, BEAMS, SAMPLED]), (dict(expert_prefetch=True), [GREEDY])],
+    ids=["cache-off", "cache", "prefetch"],
+)
+def test_generation_is_identical_with_the_cache_off_on_and_prefetching(
+    moe_folder, expected_generations, setting, modes
+):
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst).eval()
+    placed = _load(cls, dst, _odd_experts_on_disk(plain), **setting)
+    inputs = causal_text_sample(plain.config, "MixtralForCausalLM")  # a left-padded batch of prompts
+    with torch.no_grad():
+        assert (plain(**inputs).logits - placed(**inputs).logits).abs().max() <= 1e-5
+        for options in modes:
+            key = (dst, tuple(options.items()))
+            if key not in expected_generations:
+                torch.manual_seed(0)
+                expected_generations[key] = plain.generate(**inputs, max_new_tokens=5, **options)
+            torch.manual_seed(0)
+            assert torch.equal(placed.generate(**inputs, max_new_tokens=5, **options), expected_generations[key])
+    stats = placed.expert_cache.stats
+    assert stats.misses > 0 and placed.expert_cache.bytes_cached <= placed.expert_cache.budget
+    if setting.get("expert_prefetch"):
+        assert stats.prefetched > 0 and 0 < stats.prefetch_accuracy <= 1
+
+
+def test_the_default_budget_is_what_max_memory_leaves_after_the_resident_parts(moe_folder):
+    _, cls, dst = moe_folder
+    sizes = cls.from_pretrained(dst)
+    total = sum(p.numel() * p.element_size() for p in sizes.parameters())
+    placed = _load(cls, dst, "auto", max_memory={"cpu": total * 3 // 4})
+    cache = placed.expert_cache
+    assert cache is not None and cache.budget >= sum(e.nbytes for e in cache.experts.values() if e.materialized)
+    tensors = [*placed.named_parameters(), *placed.named_buffers()]
+    resident = sum(t.numel() * t.element_size() for n, t in tensors if t.device.type == "cpu" and ".experts." not in n)
+    assert cache.budget == max(total * 3 // 4 - resident, cache.bytes_cached)
+
+
+def test_the_budget_is_a_config_field_saved_with_the_model(moe_folder, tmp_path):
+    _, cls, dst = moe_folder
+    model = cls.from_pretrained(dst, expert_cache_bytes="1MB", expert_prefetch=True)
+    model.save_pretrained(tmp_path / "saved")
+    config = type(model.config).from_pretrained(tmp_path / "saved")
+    assert (config.expert_cache_bytes, config.expert_prefetch) == ("1MB", True)
+
+
+# --- faults -------------------------------------------------------------------------------------------------------
+
+
+def _expert_alone_in_a_file(folder) -> tuple[str, str]:
+    """A checkpoint file that holds one expert's tensors only, and that expert (its module name)."""
+    for file in sorted(folder.glob("*.safetensors")):
+        experts = {name.rpartition(".")[0].rpartition(".")[0] for name in read_header(file)}
+        if len(experts) == 1 and ".experts." in (expert := experts.pop()):
+            return str(file), expert
+    raise AssertionError("no shard holds one expert alone")
+
+
+@pytest.mark.parametrize("fault", ["removed", "truncated"])
+def test_a_checkpoint_file_changed_mid_generation_is_a_clear_error_naming_it(moe_folder, tmp_path, fault):
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst)
+    plain.save_pretrained(tmp_path / "sharded", max_shard_size="6KB")  # about one tensor a shard
+    file, expert = _expert_alone_in_a_file(tmp_path / "sharded")
+    # Only that expert on disk, read at every call: the files of the resident weights stay as they were.
+    model = _load(cls, tmp_path / "sharded", _on_disk(plain, {expert}), expert_cache_bytes=0)
+    ids = torch.arange(3, 40).view(1, -1) % plain.config.vocab_size
+    with torch.no_grad():
+        model(ids)
+        if fault == "removed":
+            os.remove(file)
+        else:
+            os.truncate(file, os.path.getsize(file) - 100)
+        with pytest.raises(ExpertReadError, match=f"{file} (was removed|is truncated)"):
+            model(ids)  # every token of a long prompt: each expert is chosen
+
+
+def test_training_with_offloaded_experts_is_refused(moe_folder):
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst)
+    placed = _load(cls, dst, _odd_experts_on_disk(plain)).train()
+    ids = torch.arange(3, 40).view(1, -1) % plain.config.vocab_size
+    with pytest.raises(OffloadedTraining, match="offloaded"):
+        placed(ids, labels=ids)
