@@ -98,15 +98,15 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
-        CPU weights get memory of their own (`copy_file_backed_weights`): a shard changed under the running model
-        cannot crash it. Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a
-        quantizer that quantized nothing, raises QuantizationError (quantization.py)."""
+        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
+        quantized nothing, raises QuantizationError (quantization.py). CPU weights get memory of their own
+        (`copy_file_backed_weights`): a shard changed under the running model cannot crash it."""
         loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
         check_quantized(model)
-        if cls.copy_file_backed_weights:
-            own_file_backed_tensors(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
+        if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
+            own_file_backed_tensors(model)
         return loaded
 
     @classmethod
