@@ -21,46 +21,53 @@ JOB = textwrap.dedent(
     import fivefold
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    folder, kind, out, mode = sys.argv[1:5]
+    mode = sys.argv[1]
     overrides = {"mixtral": dict(router_jitter_noise=0.2, output_router_logits=True, router_aux_loss_coef=0.5)}
-    model = transformers.AutoModelForMaskedLM.from_pretrained(folder) if kind == "bert" else (
-        transformers.AutoModelForCausalLM.from_pretrained(folder, **overrides.get(kind, {})))
-    model.train()
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, model.config.vocab_size, (32, 10), generator=gen)
-    labels = ids.masked_fill(torch.rand(ids.shape, generator=gen) < 0.5, -100) if kind == "bert" else ids
-    data = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": l} for i, l in zip(ids, labels)]
+    def run(folder, kind, out):
+        model = transformers.AutoModelForMaskedLM.from_pretrained(folder) if kind == "bert" else (
+            transformers.AutoModelForCausalLM.from_pretrained(folder, **overrides.get(kind, {})))
+        model.train()
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(4, model.config.vocab_size, (32, 10), generator=gen)
+        labels = ids.masked_fill(torch.rand(ids.shape, generator=gen) < 0.5, -100) if kind == "bert" else ids
+        data = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": l} for i, l in zip(ids, labels)]
 
-    class KillAtStep3(transformers.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 3:
-                os.kill(os.getpid(), signal.SIGKILL)
+        class KillAtStep3(transformers.TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
 
-    args = transformers.TrainingArguments(
-        output_dir=out, max_steps=6, save_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
-        lr_scheduler_type="linear", warmup_steps=2, report_to=[], use_cpu=True, seed=0, data_seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, save_only_model=False,
-    )
-    callbacks = [KillAtStep3()] if mode == "killed" else []
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
-    torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
+        args = transformers.TrainingArguments(
+            output_dir=out, max_steps=6, save_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
+            lr_scheduler_type="linear", warmup_steps=2, report_to=[], use_cpu=True, seed=0, data_seed=0,
+            disable_tqdm=True, dataloader_num_workers=0, save_only_model=False,
+        )
+        callbacks = [KillAtStep3()] if mode == "killed" else []
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+        trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
+
+    # Each job is (folder, kind, out) triples; a killed job dies in its first.
+    for folder, kind, out in zip(*[iter(sys.argv[2:])] * 3):
+        run(folder, kind, out)
     """
 )
 CASES = [("bert", "BertForMaskedLM"), ("gpt2", "GPT2LMHeadModel"), ("mixtral", "MixtralForCausalLM")]
 
 
-def _job(script, folder, kind, out, mode) -> subprocess.Popen:
-    args = [sys.executable, "-c", script, str(folder), kind, str(out), mode]
+def _job(script, mode, runs) -> subprocess.Popen:
+    """One interpreter for several runs (folder, kind, out): the import of transformers is paid once."""
+    args = [sys.executable, "-c", script, mode, *(str(x) for run in runs for x in run)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
 def test_killed_training_resumes_to_the_uninterrupted_weights(converted, tmp_path):
     folders = {kind: converted(kind, cls)[1] for kind, cls in CASES}
-    # The uninterrupted runs and the killed ones, all at once (separate output folders).
-    jobs = {(kind, mode): _job(JOB, folders[kind], kind, tmp_path / f"{kind}-{mode}", mode)
-            for kind in folders for mode in ("full", "killed")}  # fmt: skip
+    # The uninterrupted runs in one interpreter, and each killed run in its own (it dies), all at once.
+    jobs = {("all", "full"): _job(JOB, "full", [(folders[k], k, tmp_path / f"{k}-full") for k in folders])}
+    jobs |= {(kind, "killed"): _job(JOB, "killed", [(folders[kind], kind, tmp_path / f"{kind}-killed")])
+             for kind in folders}  # fmt: skip
     for (kind, mode), job in jobs.items():
         _, err = job.communicate(timeout=900)
         expected = -signal.SIGKILL if mode == "killed" else 0
@@ -69,10 +76,10 @@ def test_killed_training_resumes_to_the_uninterrupted_weights(converted, tmp_pat
         killed = tmp_path / f"{kind}-killed"
         assert sorted(p.name for p in killed.glob("checkpoint-*")) == ["checkpoint-2"]  # between 2 and 4
         assert not (killed / "final.pt").exists()
-    resumed = {kind: _job(JOB, folders[kind], kind, tmp_path / f"{kind}-killed", "resume") for kind in folders}
-    for kind, job in resumed.items():
-        _, err = job.communicate(timeout=900)
-        assert job.returncode == 0, f"{kind} resume: {err[-3000:]}"
+    resumed = _job(JOB, "resume", [(folders[k], k, tmp_path / f"{k}-killed") for k in folders])
+    _, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, f"resume: {err[-3000:]}"
+    for kind in folders:
         full = torch.load(tmp_path / f"{kind}-full" / "final.pt")
         again = torch.load(tmp_path / f"{kind}-killed" / "final.pt")
         assert full.keys() == again.keys()
