@@ -87,8 +87,10 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
         # itself when they get no cache, which a fresh one holds nothing of yet.
-        fresh = cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0)
-        packed = fresh and is_packed_row(position_ids, attention_mask)
+        # The row test first: reading a static cache's length is a data-dependent branch a compiled step must not see.
+        packed = is_packed_row(position_ids, attention_mask) and (
+            cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0)
+        )
         cached = None if packed else cache
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)

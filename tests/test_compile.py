@@ -21,6 +21,15 @@ DECODERS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every architecture runs the one shared block, so dynamo's recompile limit (per code object) would count
+    all of the table's graphs together: each test starts from dynamo's empty caches."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def load(converted, arch, auto_name: str = "AutoModel", **overrides):
     cls = arch.models[auto_name]
     name = stock_class_name(cls)

@@ -223,7 +223,11 @@ def test_generation_is_identical_with_the_cache_off_on_and_prefetching(
     stats = placed.expert_cache.stats
     assert stats.misses > 0 and placed.expert_cache.bytes_cached <= placed.expert_cache.budget
     if setting.get("expert_prefetch"):
-        assert stats.prefetched > 0 and 0 < stats.prefetch_accuracy <= 1
+        moe_layers = sum(isinstance(m, MixtureOfExperts) for m in plain.modules())
+        if moe_layers > 1:  # a layer reads ahead for the next MoE layer
+            assert stats.prefetched > 0 and 0 < stats.prefetch_accuracy <= 1
+        else:  # one MoE layer among dense ones (the tiny Qwen rows): nothing comes after it to read ahead for
+            assert stats.prefetched == 0
 
 
 def test_the_default_budget_is_what_max_memory_leaves_after_the_resident_parts(moe_folder):

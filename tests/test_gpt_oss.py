@@ -141,7 +141,7 @@ def test_sinks_in_sdpa_equal_eager_with_gradients(converted):
 def test_kernels_that_would_drop_the_sinks_are_refused(converted):
     _, dst = converted("gpt_oss", "GptOssModel")
     model = fivefold.FivefoldGptOssModel.from_pretrained(dst)
-    model.config._attn_implementation = "paged|eager"
+    model.config._attn_implementation = "paged|sdpa"  # stock's paged sdpa reads no sinks
     with pytest.raises(ValueError, match="would ignore this model's attention sinks"):
         model(torch.tensor([[5, 6, 7]]))
     assert attention_kernel(model.config, None, sinks=False) is not None  # without sinks any kernel goes

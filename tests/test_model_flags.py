@@ -23,6 +23,9 @@ DIFFERENCES = {
     ("*", "_can_compile_fullgraph"): "fivefold's forward has data-dependent branches (padding checks, packed rows) "
     "that break a full graph; tests/test_compile.py covers torch.compile without fullgraph",
     ("GPT2*", "_supports_flex_attn"): "fivefold's shared attention runs flex attention; stock GPT-2's does not",
+    ("Olmoe*", "_supports_flex_attn"): "fivefold's shared attention runs flex attention; stock OLMoE's does not",
+    ("OlmoeModel", "supports_pp_plan"): "fivefold's Llama-like configs declare the decoders' pipeline plan; stock "
+    "OLMoE's declares none",
     ("T5*", "_supports_flex_attn"): "flex attention builds block masks; T5's relative bias is an additive float mask",
     ("*ForSequenceClassification", "supports_pp_plan"): "pipeline parallelism splits causal LMs only "
     "(modeling/pipeline.py refuses the other classes at load)",
@@ -31,7 +34,6 @@ DIFFERENCES = {
     ("GPT2Model", "supports_pp_plan"): "the base model declares the plan its causal LM splits by",
     ("GptOss*", "_supports_sdpa"): "fivefold's gpt-oss attention adds its sinks under sdpa too (modeling/gpt_oss.py); "
     "stock's runs them in eager and flash kernels only",
-    ("GptOssModel", "supports_pp_plan"): "fivefold's gpt-oss config declares no pipeline plan yet: refused at load",
     ("GPT2LMHeadModel", "supports_pp_plan"): "stock GPT-2 has no pipeline plan (its splitter fails on it); "
     "fivefold's equals one process (tests/test_distributed_pipeline_parallel.py)",
 }

@@ -148,9 +148,9 @@ def test_checkpoint_config_never_selects_the_attention_kernel(stock_checkpoint, 
 
 def test_config_fields_that_select_code_are_dropped(stock_checkpoint, tmp_path):
     """DST's config keeps the fields of the config class and plain numbers; it drops whatever would choose code,
-    kernels, quantisation or classes on a later load, and unknown strings and objects."""
+    kernels or classes on a later load, and unknown strings and objects. (A quantized source is refused outright:
+    test_gpt_oss.py.)"""
     selectors = {
-        "quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True},
         "tokenizer_class": "someone/else--tokenization.Tok",
         "processor_class": "someone/else--processing.Proc",
         "trust_remote_code": True,
