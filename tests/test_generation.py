@@ -79,17 +79,7 @@ def test_generate_without_attention_mask_and_batch_of_one(pair, arch, cls):
     assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
 
 
-# generate() hands a model whose config lists `layer_types` one static-cache mask per layer type (a dict), which
-# fivefold's decoder does not take yet: Qwen2-MoE's config always lists them.
-STATIC_CACHE_GENERATING = [
-    pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(reason="a dict of masks per layer type", strict=True))
-    if p.id == "FivefoldQwen2MoeForCausalLM"
-    else p
-    for p in GENERATING
-]
-
-
-@pytest.mark.parametrize(("arch", "cls"), STATIC_CACHE_GENERATING)
+@pytest.mark.parametrize(("arch", "cls"), GENERATING)
 def test_generate_over_a_static_cache_matches_stock(pair, arch, cls):
     """cache_implementation="static": generate hands the model a 4D mask over every slot of the cache (the
     decoder's, for T5), and the positions come from the cache's counter."""
