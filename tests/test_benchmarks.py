@@ -19,7 +19,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NOT_TIMED = ("harness.py", "charts.py")  # the shared helpers, and the script that draws the docs charts
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in NOT_TIMED)
-TIMEOUT_S = 600  # every --quick run together takes a few minutes; this only catches a hang
+TIMEOUT_S = 1800  # every --quick run together takes minutes; this only catches a hang
 
 DRIVER = textwrap.dedent(
     """

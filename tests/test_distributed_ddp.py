@@ -20,7 +20,7 @@ MODES = [
 
 
 def test_ddp_with_idle_experts_equals_one_process(tmp_path):
-    results = launch("ddp", 2, tmp_path, {"modes": MODES})
+    results = launch("ddp", 2, tmp_path, {"modes": MODES}, timeout=600)
     assert results[1]["idle_on_rank_1"] >= 4  # two tokens, top-1, 4 experts, 2 layers: at least 2 idle per layer
     for result in results:
         for mode in MODES:

@@ -35,7 +35,7 @@ def test_expert_parallel_equals_one_process(tmp_path, world):
     args = {
         k: str(tmp_path / v) for k, v in {"checkpoint": "checkpoint", "three_experts": "three", "tiny": "tiny"}.items()
     }
-    results = launch("expert_parallel", world, tmp_path, args, timeout=150 * world // 2)
+    results = launch("expert_parallel", world, tmp_path, args, timeout=300 * world // 2)
     block = 4 // world
     assert [r["held"] for r in results] == [list(range(r * block, (r + 1) * block)) for r in range(world)]
     for r in results:

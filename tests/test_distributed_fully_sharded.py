@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_fsdp2_training_equals_one_process(tmp_path):
-    results = launch("fully_sharded", 2, tmp_path, {}, timeout=150)
+    results = launch("fully_sharded", 2, tmp_path, {}, timeout=600)
     for result in results:
         assert set(result) == set(NAMES)
         for name, r in result.items():

@@ -27,7 +27,7 @@ def test_classes_without_a_pipeline_plan_are_refused(arch, cls):
 @pytest.mark.slow
 def test_pipeline_parallel_equals_one_process_or_is_refused(tmp_path):
     assert {"FivefoldGPT2LMHeadModel", "FivefoldMixtralForCausalLM"} <= SPLIT
-    results = launch("pipeline_parallel", 2, tmp_path, {}, timeout=300)
+    results = launch("pipeline_parallel", 2, tmp_path, {}, timeout=600)
     for result in results:
         assert len(result) == len(ARCHITECTURES)  # one class of each, a decoder's causal LM
         assert SPLIT & set(result)

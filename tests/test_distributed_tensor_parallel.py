@@ -14,7 +14,7 @@ CLASSES = {cls.__name__ for arch in ARCHITECTURES for cls in arch.models.values(
 
 
 def test_tensor_parallel_outputs_equal_one_process(tmp_path):
-    results = launch("tensor_parallel", 2, tmp_path, {}, timeout=200)
+    results = launch("tensor_parallel", 2, tmp_path, {}, timeout=600)
     for result in results:
         assert set(result) == CLASSES
         for name, r in result.items():

@@ -15,7 +15,7 @@ from fivefold.architectures import NAMES
 @pytest.mark.slow  # two torchrun launches, about 70 s
 def test_trainer_under_torchrun_equals_one_process(tmp_path):
     for nproc in (2, 1):
-        torchrun([str(WORKERS / "trainer.py"), str(tmp_path)], nproc, tmp_path, timeout=150)
+        torchrun([str(WORKERS / "trainer.py"), str(tmp_path)], nproc, tmp_path, timeout=600)
         for rank in range(nproc):
             results = json.loads((tmp_path / f"result-{rank}.json").read_text())
             assert set(results) == set(NAMES)
