@@ -33,7 +33,11 @@ with torch.no_grad():
     warm(input_ids=torch.tensor([[5, 6, 7]]))
 del warm
 before = vm("VmRSS")
+# Measured without the copy-on-load of file-backed weights (tested on its own in test_changing_files.py): its
+# private copies beside the file's pages, still mapped at the peak, would count this rank's experts twice.
+fivefold.FivefoldPreTrainedModel.copy_file_backed_weights = False
 ep = fivefold.FivefoldMixtralForCausalLM.from_pretrained(args["checkpoint"], distributed_config=layout)
+fivefold.FivefoldPreTrainedModel.copy_file_backed_weights = True
 batches = [torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(s)) for s in range(world)]
 ids = batches[rank]
 result["rss_after_load"] = vm("VmRSS") - before
