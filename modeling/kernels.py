@@ -271,7 +271,9 @@ def causal_masks(
         ):
             return None if attention_mask is None else attention_mask[:, None, None, :].bool()
         make_mask = create_causal_mask if window is None else create_sliding_window_causal_mask
-        layer = next(i for i, w in enumerate(windows) if w == window and i >= first_layer)
+        layer = next((i for i, w in enumerate(windows) if w == window and i >= first_layer), None)
+        if layer is None:  # only layers of an earlier pipeline stage have this window: no block here reads it
+            return None
         # The cache goes positionally: its keyword is `cache` in 5.24 and `past_key_values` before.
         return make_mask(config, hidden, attention_mask, cache, position_ids, layer_idx=layer)
 
