@@ -7,7 +7,7 @@ from transformers import GptOssConfig
 
 from .base import FivefoldConfigMixin
 from .offload import ExpertOffloadFields
-from .parallel import DECODER_PIPELINE_PLAN, tensor_parallel_plan
+from .parallel import DECODER_PIPELINE_PLAN, GATHERED_ATTENTION, tensor_parallel_plan
 from .validation import check_grouped_heads_and_experts, check_positive
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -17,9 +17,9 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 class FivefoldGptOssConfig(FivefoldConfigMixin, ExpertOffloadFields, GptOssConfig):
     model_type = "fivefold_gpt_oss"
     # Stock's plans name its fused expert tensors (`mlp.experts.gate_up_proj`); fivefold's experts are separate
-    # modules, each split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py). Each rank
-    # keeps the sinks of its own heads.
-    base_model_tp_plan = {**tensor_parallel_plan("", experts=True), "layers.*.attn.sinks": "colwise"}
+    # modules, each split like a feed-forward layer (expert parallelism: modeling/expert_parallel.py). The sinks
+    # are one parameter of all heads, read whole by the attention: every rank gathers q/k/v and attends all heads.
+    base_model_tp_plan = tensor_parallel_plan("", experts=True, attention=GATHERED_ATTENTION)
     base_model_ep_plan = None
     base_model_pp_plan = DECODER_PIPELINE_PLAN
 

@@ -7,11 +7,14 @@ from transformers import OlmoeConfig
 
 from .moe import MoEConfigMixin
 from .offload import ExpertOffloadFields
+from .parallel import GATHERED_ATTENTION, tensor_parallel_plan
 
 
 @strict(accept_kwargs=True)
 class FivefoldOlmoeConfig(MoEConfigMixin, ExpertOffloadFields, OlmoeConfig):
     model_type = "fivefold_olmoe"
+    # Its q/k RMSNorm spans the whole projection, which no rank holds a shard of.
+    base_model_tp_plan = tensor_parallel_plan("", experts=True, attention=GATHERED_ATTENTION)
     expert_size_field = "intermediate_size"  # OLMoE has no dense layers: its intermediate_size is the experts'
 
     router_z_loss_coef: float = 0.0

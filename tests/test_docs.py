@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-NOT_RUN = ("pip install", "pytest", "ruff ", "path/to")  # set-up commands, the test command, placeholders
+NOT_RUN = ("pip install", "scripts/test.sh", "pytest", "ruff ", "path/to")  # set-up, the test commands, placeholders
 TIMEOUT_S = 600
 
 
