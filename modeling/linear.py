@@ -156,7 +156,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     a quantizer's int8 weight where int8.py allows."""
     if uses_onednn(x, weight, bias):
         return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
-    if not MISSING_PRIVATE and type(weight) not in _PLAIN and not (torch.is_grad_enabled() and x.requires_grad):
+    # A tensor subclass's weight on plain activations (an FX proxy is neither).
+    quantized = type(x) in _PLAIN and type(weight) not in _PLAIN and isinstance(weight, torch.Tensor)
+    if not MISSING_PRIVATE and quantized and not (torch.is_grad_enabled() and x.requires_grad):
         y = None if _watched() else int8_linear(x, weight, bias)  # compilers and tracers see torchao's own op
         if y is not None:
             return y

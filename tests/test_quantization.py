@@ -151,14 +151,20 @@ def test_quantized_like_stock(unquantized, arch, name, tmp_path):
     assert set(got) == want, f"not quantized: {sorted(want - set(got))}"
     stock_count = len(quantized_modules(stock))
     assert len(got) >= stock_count
+    shrunk = weight_bytes(ours, got) / weight_bytes(row["ours"], got)
+    assert shrunk <= (0.35 if quantizer.bits == 8 else 0.25)
+
+    try:
+        stock_out = _output(stock.eval(), inputs)
+    except RuntimeError as error:  # the quantizer's own kernels, on stock's modules
+        with pytest.raises(type(error)):
+            _output(ours, inputs)
+        pytest.skip(f"{name} fails on stock's model too on this CPU ({error}); fivefold fails the same way")
     ours_diff = (_output(ours, inputs) - _output(row["ours"], inputs)).abs().max().item()
-    stock_diff = (_output(stock.eval(), inputs) - row["stock"]).abs().max().item()
+    stock_diff = (stock_out - row["stock"]).abs().max().item()
     if len(got) == stock_count:  # the same modules quantized
         assert ours_diff <= 1.5 * stock_diff + 1e-4
     assert 0 < ours_diff < 4.0  # changed by the quantization, not broken by it
-
-    shrunk = weight_bytes(ours, got) / weight_bytes(row["ours"], got)
-    assert shrunk <= (0.35 if quantizer.bits == 8 else 0.25)
     print(
         f"\n| {arch.stock_model_type} | {name} | {stock_count} / {stock_diff:.3f} | {len(got)} / {ours_diff:.3f} "
         f"| {shrunk:.2f} |"
