@@ -52,11 +52,9 @@ def _flat_mask(inputs: dict) -> torch.Tensor | None:
     return None if mask is None else mask.reshape(-1, mask.shape[-1])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
-def test_converted_folders_load_as_remote_code(arch, converted, tmp_path):
-    """Every class of the architecture in one process without fivefold: outputs equal stock's within 1e-4 (our own
-    code in this process within 1e-5) at real tokens; generate() gives stock's tokens, and fivefold's."""
+def _jobs_and_checks(arch, converted) -> tuple[list[RemoteJob], list[tuple]]:
+    """The remote jobs of every class of the architecture, and what each must give: stock's and fivefold's outputs
+    in this process."""
     jobs, checks = [], []
     for auto_name, cls in arch.models.items():
         stock_name = stock_class_name(cls)
@@ -76,8 +74,39 @@ def test_converted_folders_load_as_remote_code(arch, converted, tmp_path):
             tokens = [{"sequences": model.generate(**prompt, **GREEDY)} for model in (stock, ours)]
             jobs.append(RemoteJob(dst, auto_name, prompt, GREEDY))
             checks.append((cls, prompt, *tokens))
+    return jobs, checks
 
-    for remote, (cls, inputs, expected, own) in zip(run_without_fivefold(tmp_path, jobs), checks, strict=True):
+
+@pytest.fixture(scope="module")
+def remote_runs(converted, tmp_path_factory) -> dict:
+    """Every architecture's jobs in one process without fivefold (the start-up of torch and transformers paid
+    once, not once an architecture): per architecture, (remote result, check) pairs, or the error its preparation
+    raised (re-raised by its own test)."""
+    prepared, jobs = {}, []
+    for arch in ARCHITECTURES:
+        try:
+            arch_jobs, checks = _jobs_and_checks(arch, converted)
+        except Exception as error:  # its own test fails with it; the other architectures run
+            prepared[arch.stock_model_type] = error
+            continue
+        prepared[arch.stock_model_type] = (len(jobs), checks)
+        jobs += arch_jobs
+    remote = run_without_fivefold(tmp_path_factory.mktemp("remote"), jobs)
+    return {
+        name: entry if isinstance(entry, Exception) else list(zip(remote[entry[0] :], entry[1], strict=False))
+        for name, entry in prepared.items()
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
+def test_converted_folders_load_as_remote_code(arch, remote_runs):
+    """Every class of the architecture without fivefold: outputs equal stock's within 1e-4 (our own code in this
+    process within 1e-5) at real tokens; generate() gives stock's tokens, and fivefold's."""
+    runs = remote_runs[arch.stock_model_type]
+    if isinstance(runs, Exception):
+        raise runs
+    for remote, (cls, inputs, expected, own) in runs:
         assert remote["cls"] == cls.__name__ and remote["module"].startswith("transformers_modules.")
         outputs = remote["outputs"]
         if "sequences" in outputs:
