@@ -31,4 +31,5 @@ fi
 
 ruff check .
 ruff format --check .
-python3 -m pytest -q "$@"
+# Two pytest-xdist workers, one a core of the 2-core machines CI uses; a later `-n` in the arguments wins.
+python3 -m pytest -q -n 2 --dist worksteal "$@"

@@ -6,7 +6,11 @@ import torch
 import transformers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One share of the cores per pytest-xdist worker (`-n 2`): OpenMP threads spin while they wait, and more threads
+# than cores double the CPU time of every test. Subprocesses the tests start inherit the share.
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -63,7 +67,8 @@ def onednn_calls(monkeypatch):
     return calls
 
 
-@pytest.fixture(params=["as-shipped", "onednn-everywhere"])
+# The oneDNN rerun is in the full suite only: the quick check runs each test once, on the path it ships with.
+@pytest.fixture(params=["as-shipped", pytest.param("onednn-everywhere", marks=pytest.mark.slow)])
 def linear_path(request):
     """Runs a test as shipped (the tiny test weights are below oneDNN's size thresholds and take F.linear) and
     again with every linear forced through oneDNN, the path the weights of a full-size model take."""

@@ -43,6 +43,7 @@ def first_output(model, inputs: dict) -> torch.Tensor:
         return model(**inputs, use_cache=False, return_dict=False)[0]
 
 
+@pytest.mark.slow  # dynamo and inductor: seconds a model
 @pytest.mark.parametrize("arch", [pytest.param(a, id=a.stock_model_type) for a in ARCHITECTURES])
 def test_forward_compiles_to_one_graph_equal_to_eager(converted, arch):
     model, inputs = load(converted, arch)
@@ -53,6 +54,7 @@ def test_forward_compiles_to_one_graph_equal_to_eager(converted, arch):
     assert (got - expected).abs().max() <= TOL
 
 
+@pytest.mark.slow  # dynamo and inductor: seconds a model
 def test_inductor_matches_eager(converted):
     (arch,) = [a for a in ARCHITECTURES if a.stock_model_type == "bert"]
     model, inputs = load(converted, arch)
@@ -64,6 +66,7 @@ def test_inductor_matches_eager(converted):
 @pytest.mark.parametrize(
     "arch", [pytest.param(a, id=a.stock_model_type) for a in ARCHITECTURES if a.stock_model_type == "bert"]
 )
+@pytest.mark.slow  # dynamo and inductor: seconds a model
 def test_dynamic_shapes_compile_once(converted, arch):
     model, inputs = load(converted, arch)
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=CHEAP)
@@ -74,6 +77,7 @@ def test_dynamic_shapes_compile_once(converted, arch):
             assert (first_output(compiled, shorter) - first_output(model, shorter)).abs().max() <= TOL
 
 
+@pytest.mark.slow  # dynamo and inductor: seconds a model
 @pytest.mark.parametrize("arch", DECODERS)
 def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
     """Prefill in eager, then decoding steps (one token per row, the mask over every slot of the cache) through a
@@ -105,6 +109,7 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
     assert (decode(compiled) - decode(model)).abs().max() <= TOL
 
 
+@pytest.mark.slow  # dynamo and inductor: seconds a model
 def test_t5_decode_steps_over_a_static_cache_compile_once(converted):
     """T5's decoder over a static self-attention cache: the relative bias and the mask cover every slot, the
     queries' positions come from the cache's counter (a tensor), so later steps reuse the first step's graph."""

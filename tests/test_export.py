@@ -30,6 +30,7 @@ def load(converted, arch):
     return model, inputs, options
 
 
+@pytest.mark.slow  # torch.onnx's dynamo export
 @pytest.mark.parametrize("arch", EXPORTED)
 def test_onnx_export_runs_in_onnxruntime_as_eager(converted, arch, tmp_path):
     model, inputs, options = load(converted, arch)

@@ -21,6 +21,7 @@ def test_every_architecture_has_a_public_checkpoint():
     assert all(arch.public for arch in ARCHITECTURES)
 
 
+@pytest.mark.slow  # 81 conversions at public sizes: 33 s
 @pytest.mark.parametrize(("arch", "hub_id", "stock_name"), CASES)
 def test_public_size_conversion_is_complete(arch, hub_id, stock_name):
     stock = public_stock_model(arch, arch.public[hub_id], stock_name)

@@ -64,6 +64,7 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # hypothesis' sweep of configs: 35 s
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.stock_model_type)
 def test_convert_export_convert_is_the_identity(arch):
     stock_names = sorted(stock_class_name(cls) for cls in arch.models.values())

@@ -67,6 +67,7 @@ HIDDEN_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_missing_symbol_falls_back_to_f_linear_with_one_warning(converted, tmp_path):
     """In a fresh interpreter whose torch lacks `is_in_torch_dispatch_mode`: a converted folder's remote code and
     the package's Linear both run, equal to the full path, and each copy of the module warns once."""
