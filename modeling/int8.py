@@ -4,9 +4,10 @@
 [O, C] and `scale` [O, 1]) and keeps the module. Its own CPU path converts the whole int8 weight to the
 activations' dtype on every call and multiplies in floating point: it reads the int8 weight, writes and reads a
 full-precision copy, and decodes slower than fp32. `torch.ops.aten._weight_int8pack_mm` multiplies by the int8
-weight directly (x @ (qdata * scale).T, the same sums as torchao's up to the order of fp32 rounding), so a
-decoding step reads one byte a weight. torch vectorises that kernel with AVX-512 and better; on AVX2 it runs
-a scalar loop, slower than torchao's path, so there the path stays off (`INT8PACK_CAPABILITIES`).
+weight directly (x @ (qdata * scale).T, with x and the sums rounded to bf16: the kernel is vectorised for bf16
+activations only), so a decoding step reads one byte a weight. torch vectorises that kernel with AVX-512 and
+better; on AVX2 it runs a scalar loop, slower than torchao's path, so there the path stays off
+(`INT8PACK_CAPABILITIES`).
 
 torchao is never imported: its weights are recognised by what they hold. Dynamic int8 (activations quantized
 too) stays on torchao's path, which already multiplies in int8 (`torch._int_mm`).
@@ -55,9 +56,16 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not INT8PACK_ON or not x.is_cpu or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     parts = int8_weight_parts(weight)
-    if parts is None or not parts[0].is_cpu:
+    # The bf16 kernel reads past a row whose width is no multiple of 16, and crashes on int8 data not aligned to 16
+    # bytes (weights memory-mapped from a file: torch 2.13 on AVX-512); those weights keep torchao's path.
+    if parts is None or not parts[0].is_cpu or parts[0].shape[1] % 16 or parts[0].data_ptr() % 64:
         return None
     qdata, scale = parts
-    y = _INT8PACK(x.reshape(-1, x.shape[-1]).contiguous(), qdata.contiguous(), scale.to(x.dtype))  # [N, O]
-    y = y.reshape(*x.shape[:-1], qdata.shape[0])
+    # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
+    # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
+    # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
+    # than the int8 weights themselves (2^-8 of a row's largest weight).
+    ones = torch.ones(qdata.shape[0], dtype=torch.bfloat16)
+    y = _INT8PACK(x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous(), qdata.contiguous(), ones)  # [N, O]
+    y = (y.to(x.dtype) * scale.to(x.dtype)).reshape(*x.shape[:-1], qdata.shape[0])
     return y if bias is None else y + bias.to(y.dtype)

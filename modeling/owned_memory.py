@@ -2,19 +2,39 @@
 shard truncated or rewritten in place while the model runs (a copy over it, a sync tool, a second conversion
 without the atomic swap) would kill the interpreter with SIGBUS at the next matmul, or silently change the
 weights. Copying them out at load costs one memcpy of the weights and makes their pages private to the process
-(no longer shared through the page cache with other processes loading the same files)."""
+(no longer shared through the page cache with other processes loading the same files), aligned as torch aligns
+what it allocates (torch's bf16 int8 kernel needs it: int8.py)."""
 
+import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+
+def _file_backed(tensor: torch.Tensor) -> bool:
+    """A view of a mapped file: storage torch did not allocate (not resizable). A quantizer's tensor subclass
+    (torchao's int8 weights) holds its data in inner tensors, which are asked instead."""
+    if is_traceable_wrapper_subclass(tensor):
+        return any(_file_backed(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])
+    return not tensor.untyped_storage().resizable()
 
 
 def own_file_backed_tensors(model: nn.Module) -> int:
     """Copies every CPU parameter and buffer that is a view of a mapped file into memory of its own (tied weights
-    stay tied: they are one Parameter); returns the bytes copied."""
+    stay tied); returns the bytes copied."""
     copied = 0
-    tensors = [*model.parameters(), *model.buffers()]
-    for tensor in tensors:
-        if tensor.device.type != "cpu" or tensor.untyped_storage().resizable():
-            continue  # allocated by torch (resizable), or on an accelerator: not backed by a file
-        tensor.data = tensor.data.clone()
-        copied += tensor.numel() * tensor.element_size()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu" and _file_backed(tensor) and not is_traceable_wrapper_subclass(tensor):
+            tensor.data = tensor.data.clone()
+            copied += tensor.numel() * tensor.element_size()
+    # A subclass's `.data` cannot be swapped for its copy: the parameter is replaced where modules hold it.
+    replaced: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, tensor in list(module._parameters.items()):
+            if tensor is None or tensor.device.type != "cpu" or not is_traceable_wrapper_subclass(tensor):
+                continue
+            if id(tensor) not in replaced and _file_backed(tensor):
+                replaced[id(tensor)] = nn.Parameter(tensor.detach().clone(), requires_grad=tensor.requires_grad)
+                copied += sum(getattr(tensor, n).nbytes for n in tensor.__tensor_flatten__()[0])
+            if id(tensor) in replaced:
+                module._parameters[name] = replaced[id(tensor)]
     return copied
