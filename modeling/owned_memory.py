@@ -7,6 +7,7 @@ what it allocates (torch's bf16 int8 kernel needs it: int8.py)."""
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
@@ -14,8 +15,23 @@ def _file_backed(tensor: torch.Tensor) -> bool:
     """A view of a mapped file: storage torch did not allocate (not resizable). A quantizer's tensor subclass
     (torchao's int8 weights) holds its data in inner tensors, which are asked instead."""
     if is_traceable_wrapper_subclass(tensor):
-        return any(_file_backed(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])
+        return any(_file_backed(inner) for inner in _inner_tensors(tensor))
     return not tensor.untyped_storage().resizable()
+
+
+def _inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    inner = (getattr(tensor, name) for name in tensor.__tensor_flatten__()[0])
+    return [t for t in inner if isinstance(t, torch.Tensor)]
+
+
+def _quantized(tensor: torch.Tensor | None) -> bool:
+    """A quantizer's tensor subclass on the CPU; a DTensor's shards are the distributed loaders' to place."""
+    return (
+        tensor is not None
+        and tensor.device.type == "cpu"
+        and is_traceable_wrapper_subclass(tensor)
+        and not isinstance(tensor, DTensor)
+    )
 
 
 def own_file_backed_tensors(model: nn.Module) -> int:
@@ -23,18 +39,19 @@ def own_file_backed_tensors(model: nn.Module) -> int:
     stay tied); returns the bytes copied."""
     copied = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.device.type == "cpu" and _file_backed(tensor) and not is_traceable_wrapper_subclass(tensor):
+        # (A DTensor answers for its storage as before: the test is the plain tensors' one.)
+        if tensor.device.type == "cpu" and not _quantized(tensor) and not tensor.untyped_storage().resizable():
             tensor.data = tensor.data.clone()
             copied += tensor.numel() * tensor.element_size()
     # A subclass's `.data` cannot be swapped for its copy: the parameter is replaced where modules hold it.
     replaced: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, tensor in list(module._parameters.items()):
-            if tensor is None or tensor.device.type != "cpu" or not is_traceable_wrapper_subclass(tensor):
+            if not _quantized(tensor):
                 continue
             if id(tensor) not in replaced and _file_backed(tensor):
                 replaced[id(tensor)] = nn.Parameter(tensor.detach().clone(), requires_grad=tensor.requires_grad)
-                copied += sum(getattr(tensor, n).nbytes for n in tensor.__tensor_flatten__()[0])
+                copied += sum(inner.nbytes for inner in _inner_tensors(tensor))
             if id(tensor) in replaced:
                 module._parameters[name] = replaced[id(tensor)]
     return copied
