@@ -15,6 +15,8 @@ too) stays on torchao's path, which already multiplies in int8 (`torch._int_mm`)
 Shapes: N tokens (B * T), C channels (the input features), O head outputs (the output features).
 """
 
+import functools
+
 import torch
 
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
@@ -50,6 +52,12 @@ def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return qdata, scale.reshape(-1)
 
 
+@functools.lru_cache(maxsize=64)
+def _unit_scales(rows: int) -> torch.Tensor:
+    """The kernel's scales when the real ones are applied after it: made once per width, not once per call."""
+    return torch.ones(rows, dtype=torch.bfloat16)
+
+
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` through `_weight_int8pack_mm` for a torchao int8 weight-only weight on the CPU
     where the kernel is vectorised; None where it does not apply (the caller then runs F.linear)."""
@@ -57,7 +65,8 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return None
     parts = int8_weight_parts(weight)
     # The bf16 kernel reads past a row whose width is no multiple of 16, and crashes on int8 data not aligned to 16
-    # bytes (weights memory-mapped from a file: torch 2.13 on AVX-512); those weights keep torchao's path.
+    # bytes (weights memory-mapped from a file: torch 2.13 on AVX-512); those weights keep torchao's path. Asked:
+    # the 64-byte alignment torch gives what it allocates.
     if parts is None or not parts[0].is_cpu or parts[0].shape[1] % 16 or parts[0].data_ptr() % 64:
         return None
     qdata, scale = parts
@@ -65,7 +74,7 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
     # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
     # than the int8 weights themselves (2^-8 of a row's largest weight).
-    ones = torch.ones(qdata.shape[0], dtype=torch.bfloat16)
-    y = _INT8PACK(x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous(), qdata.contiguous(), ones)  # [N, O]
+    x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = _INT8PACK(x16, qdata.contiguous(), _unit_scales(qdata.shape[0]))  # [N, O]
     y = (y.to(x.dtype) * scale.to(x.dtype)).reshape(*x.shape[:-1], qdata.shape[0])
     return y if bias is None else y + bias.to(y.dtype)
