@@ -12,7 +12,7 @@ attention (it has no sdpa for the sinks); fivefold its default, sdpa with the si
 """
 
 import transformers
-from harness import checkpoints, command_line, machine_line, parse, table, write_report
+from harness import checkpoints, command_line, machine_line, parse, table, timing_results, write_report
 from mixtral import bench_model
 
 from fivefold.architectures import architecture_for_model_type
@@ -47,7 +47,7 @@ def main() -> None:
         f"prefill logits against the same model run in fp64 (exact up to fp64 rounding): stock fp32 is off by "
         f"{errors['stock']:.1e}, fivefold fp32 by {errors['fivefold']:.1e}",
     ]
-    write_report(lines, args.out, args.json)
+    write_report(lines, args.out, args.json, timing_results("gpt-oss", rows))
 
 
 if __name__ == "__main__":

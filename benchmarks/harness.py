@@ -154,6 +154,22 @@ def cell_value(cell: str) -> object:
     return cell
 
 
+def timing_results(architecture: str, rows: list[list[str]]) -> list[dict]:
+    """Chart results (benchmarks/charts.py) from timing rows [what, shape, stock experts, stock ms, fivefold ms, ...]:
+    one bar per row, a time (lower is better)."""
+    return [
+        {
+            "architecture": architecture,
+            "benchmark": f"{what} {shape}, stock {impl}",
+            "unit": "ms",
+            "higher_is_better": False,
+            "stock": cell_value(stock),
+            "fivefold": cell_value(ours),
+        }
+        for what, shape, impl, stock, ours, *_ in rows
+    ]
+
+
 def report_json(lines: list[str], results: list[dict] | None = None) -> dict:
     """The report as data: its machine line, the `results` a script gives in the format benchmarks/charts.py
     reads (stock, fivefold and, where measured, onnxruntime per benchmark), every markdown table as rows keyed by

@@ -24,7 +24,18 @@ from pathlib import Path
 
 import torch
 import transformers
-from harness import Checkpoints, Timing, alternate, checkpoints, command_line, machine_line, parse, table, write_report
+from harness import (
+    Checkpoints,
+    Timing,
+    alternate,
+    checkpoints,
+    command_line,
+    machine_line,
+    parse,
+    table,
+    timing_results,
+    write_report,
+)
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import fivefold
@@ -187,7 +198,7 @@ def main() -> None:
         ]
         if not args.no_loading:
             lines += loading(found)
-    write_report(lines, args.out, args.json)
+    write_report(lines, args.out, args.json, timing_results("Mixtral", rows))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,18 @@ embedding row, the LM head) over the read bandwidth measured here.
 import torch
 import transformers
 from gpt2 import read_bandwidth
-from harness import Checkpoints, Timing, alternate, checkpoints, command_line, machine_line, parse, table, write_report
+from harness import (
+    Checkpoints,
+    Timing,
+    alternate,
+    checkpoints,
+    command_line,
+    machine_line,
+    parse,
+    table,
+    timing_results,
+    write_report,
+)
 
 from fivefold.architectures import architecture_for_model_type
 
@@ -104,7 +115,7 @@ def main() -> None:
         "",
         *notes,
     ]
-    write_report(lines, args.out, args.json)
+    write_report(lines, args.out, args.json, timing_results("Qwen3-MoE", rows))
 
 
 if __name__ == "__main__":
