@@ -10,11 +10,12 @@ transformers namespace.
 Until then, with nothing patched: `servable(folder)` makes the folder name the Auto class in `architectures`, which
 the lookup finds in the namespace and which then resolves the folder's own model type (registered by `import
 fivefold`) or its shipped code (`--trust-remote-code`). `fivefold serve ...` is `transformers serve ...` in a process
-that has imported fivefold, so folders load through the registered classes without remote code.
+that has imported fivefold, so folders load through the registered classes without remote code, and with requests
+that no model could serve (a prompt or `max_tokens` past its context) refused with a 400 before generation
+(`fivefold/request_limits.py`).
 """
 
 import json
-import sys
 from pathlib import Path
 
 # The Auto class the server generates text with, for the class name a saved folder declares.
@@ -40,8 +41,21 @@ def servable(folder: str | Path) -> Path:
 
 
 def serve(argv: list[str]) -> int:
-    """`transformers serve ARGV` in this process, where importing this package registered fivefold's model types."""
-    from transformers.cli.transformers import main
+    """`transformers serve ARGV` in this process, where importing this package registered fivefold's model types,
+    with requests past a model's context refused up front (fivefold.request_limits)."""
+    import typer
 
-    sys.argv = ["transformers", "serve", *argv]
-    return main() or 0
+    from .request_limits import LimitedServe
+
+    command = typer.Typer(add_completion=False)
+    command.command(name="serve")(LimitedServe)
+    command(args=[*argv, "--non-blocking"], prog_name="fivefold serve", standalone_mode=False)
+    running = LimitedServe.running
+    if running is None:  # --help, or arguments refused
+        return 0
+    try:
+        while running._thread.is_alive():
+            running._thread.join(timeout=1)
+    except KeyboardInterrupt:
+        running.kill_server()
+    return 0

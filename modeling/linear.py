@@ -3,8 +3,10 @@
 On the 2-core AMD EPYC this project is measured on, aten's fp32 `addmm` (MKL sgemm) reaches about 220 GFLOP/s on
 the shapes of these models, oneDNN's matmul primitive (the op inductor uses for linears when it freezes weights)
 about 490; for one row per sequence, as in decoding, oneDNN streams the weight at about 40 GB/s where aten's reaches
-17-28 (`benchmarks/`). The op takes part in no autograd, tracing or transform machinery, so every call such
-machinery watches goes through `F.linear`, as does every case the op does not cover. Results agree with aten's to
+17-28 (`benchmarks/`). On Intel CPUs aten's fp32 GEMM is MKL's tuned kernel, as fast or faster: there fp32 stays
+on aten (`aten_float32_is_mkl_on_intel`), and half precision, which aten also hands to oneDNN, takes the op. The op
+takes part in no autograd, tracing or transform machinery, so every call such machinery watches goes through
+`F.linear`, as does every case the op does not cover. Results agree with aten's to
 fp32 rounding: the sums run in another order. `torch.backends.mkldnn.flags(enabled=False)` turns the path off.
 
 The path reads private torch internals (PRIVATE_SYMBOLS), and this file ships inside every converted checkpoint's
@@ -79,7 +81,25 @@ def onednn_dtypes() -> frozenset[torch.dtype]:
     return frozenset({torch.float32} | {dtype for dtype, probe in probes.items() if probe is not None and probe()})
 
 
-ONEDNN_DTYPES = onednn_dtypes()
+def cpu_vendor() -> str:
+    """The CPU's vendor string as Linux reports it ("GenuineIntel", "AuthenticAMD"), "" where it can't tell."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def aten_float32_is_mkl_on_intel() -> bool:
+    """Whether aten's fp32 GEMM is MKL on an Intel CPU, where MKL runs its own tuned kernels and oneDNN's matmul is
+    no faster (Sapphire Rapids, 2 threads: one row 1536 -> 576 0.08 ms on aten, 0.42 on oneDNN; 1024 rows 768 ->
+    3072 25 vs 34 ms). On AMD CPUs MKL takes a generic path, which oneDNN's beats (module docstring)."""
+    return torch.backends.mkl.is_available() and cpu_vendor() == "GenuineIntel"
+
+
+# What the op takes here; and what it runs because it is faster than aten's path (fp32 stays on aten on Intel).
+ONEDNN_CAPABLE = onednn_dtypes()
+ONEDNN_DTYPES = ONEDNN_CAPABLE - ({torch.float32} if aten_float32_is_mkl_on_intel() else set())
 _warned_missing = False
 
 

@@ -7,6 +7,7 @@ from torch.nn import functional as F
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.verify import compare
+from fivefold.modeling import linear as linear_module
 from fivefold.modeling.linear import ONEDNN_AVAILABLE, ONEDNN_DTYPES, Linear, linear, use_torch_linears, uses_onednn
 
 needs_onednn = pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
@@ -99,9 +100,27 @@ def test_small_products_stay_on_f_linear():
     weight = torch.randn(16, 32)
     with torch.no_grad():
         assert not uses_onednn(torch.randn(2, 32), weight, None)
-        assert uses_onednn(torch.randn(4096, 32), weight, None) == ONEDNN_AVAILABLE
-        assert uses_onednn(torch.randn(1, 256), torch.randn(256, 256), None) == ONEDNN_AVAILABLE
+        assert uses_onednn(torch.randn(4096, 32), weight, None) == (torch.float32 in ONEDNN_DTYPES)
+        assert uses_onednn(torch.randn(1, 256), torch.randn(256, 256), None) == (torch.float32 in ONEDNN_DTYPES)
     assert linear(torch.randn(2, 32), weight).shape == (2, 16)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "mkl", "float32_on_onednn"),
+    [("GenuineIntel", True, False), ("AuthenticAMD", True, True), ("GenuineIntel", False, True), ("", True, True)],
+)
+def test_float32_stays_on_aten_where_it_is_mkl_on_intel(monkeypatch, vendor, mkl, float32_on_onednn):
+    """MKL's tuned fp32 GEMM on Intel is as fast as oneDNN's; on AMD (and where the vendor is unknown) oneDNN's wins."""
+    monkeypatch.setattr(linear_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    assert linear_module.aten_float32_is_mkl_on_intel() != float32_on_onednn
+
+
+def test_the_cpu_vendor_is_read_from_linux():
+    vendor = linear_module.cpu_vendor()
+    with open("/proc/cpuinfo") as cpuinfo:
+        assert vendor and vendor in cpuinfo.read()
+    assert (torch.float32 in ONEDNN_DTYPES) == (ONEDNN_AVAILABLE and not linear_module.aten_float32_is_mkl_on_intel())
 
 
 def _every_model():

@@ -3,6 +3,7 @@ and not: plainly through `--trust-remote-code` (fivefold never imported by the s
 through `fivefold serve` (fivefold imported). Answers equal greedy `generate`; each server's process group is
 killed at the end or at its timeout."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,17 +77,34 @@ def _text(answer: str, stream: bool, chat: bool) -> str:
     return "".join(parts)
 
 
-def _wait_until_up(server: subprocess.Popen, port: int) -> None:
+def _wait_until_up(server: subprocess.Popen, port: int, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise AssertionError(f"the server exited ({server.returncode}): {server.stdout.read()[-3000:]}")
+            raise AssertionError(f"the server exited ({server.returncode}): {log.read_text()[-3000:]}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
             return
         except OSError:
             time.sleep(1)
     raise AssertionError(f"the server did not answer within {START_TIMEOUT} s")
+
+
+@contextlib.contextmanager
+def running(server: str, log: Path) -> Iterator[tuple[int, int]]:
+    """(port, pid) of a server started on 127.0.0.1, its output in `log` (a pipe would fill and block it under
+    load); its process group killed on the way out."""
+    port = free_port()
+    command = [sys.executable, *SERVERS[server], "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_until_up(proc, port, log)
+        yield port, proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 SERVERS = {
@@ -100,22 +120,12 @@ SERVERS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("server", list(SERVERS))
-def test_serve_answers_completions_and_chat(served, server):
+def test_serve_answers_completions_and_chat(served, server, tmp_path):
     folder, expected = served
-    port = free_port()
-    command = [sys.executable, *SERVERS[server], "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        _wait_until_up(proc, port)
+    with running(server, tmp_path / "server.log") as (port, _):
         for stream in (False, True):
             common = {"model": str(folder), "max_tokens": NEW_TOKENS, "temperature": 0, "stream": stream}
             completion = _post(port, "/v1/completions", {**common, "prompt": PROMPT})
             chat = _post(port, "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": PROMPT}]})
             assert _text(completion, stream, chat=False).split() == expected.split(), (server, stream, completion)
             assert _text(chat, stream, chat=True).split() == expected.split(), (server, stream, chat)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
