@@ -198,7 +198,7 @@ def main() -> None:
         f"Mixtral-shaped, fp32: {total / GB:.3g} GB ({experts / GB:.3g} GB of experts, {others / GB:.3g} GB the rest);"
         f" built in {built:.0f} s; converted in {converted['seconds']:.0f} s ({peak(converted)}, cgroup limit "
         f"{args.convert_limit:.1f} GB); disk {bandwidth / MB:,.0f} MB/s cold sequential read",
-        f"generation: max_memory {budget / GB:.3g} GB (expert cache {got["cache_budget"] / GB:.3g} GB), cgroup limit "
+        f"generation: max_memory {budget / GB:.3g} GB (expert cache {got['cache_budget'] / GB:.3g} GB), cgroup limit "
         f"{(budget + args.slack * GB) / GB:.2f} GB: load {got['load_s']:.1f} s, prompt of {job['prompt']} tokens "
         f"{got['prefill_s']:.1f} s ({got['prefill_read'] / GB:.1f} GB read), then {got['tok_s']:.3f} tokens/s, "
         f"{got['read_per_token'] / GB:.2f} GB read per token, hit rate {got['hit_rate']:.0%}; {peak(got)}",
