@@ -92,7 +92,7 @@ def cpu_vendor() -> str:
 
 def aten_float32_is_mkl_on_intel() -> bool:
     """Whether aten's fp32 GEMM is MKL on an Intel CPU, where MKL runs its own tuned kernels and oneDNN's matmul is
-    no faster (Sapphire Rapids, 2 threads: one row 1536 -> 576 0.08 ms on aten, 0.42 on oneDNN; 1024 rows 768 ->
+    no faster (a Xeon with AMX, 2 threads: one row 1536 -> 576 0.08 ms on aten, 0.42 on oneDNN; 1024 rows 768 ->
     3072 25 vs 34 ms). On AMD CPUs MKL takes a generic path, which oneDNN's beats (module docstring)."""
     return torch.backends.mkl.is_available() and cpu_vendor() == "GenuineIntel"
 
