@@ -170,6 +170,11 @@ def timing_results(architecture: str, rows: list[list[str]]) -> list[dict]:
     ]
 
 
+def table_cells(line: str) -> list[str]:
+    """The cells of a markdown table row, empty ones included ("| a |  |" is ["a", ""])."""
+    return [c.strip() for c in line.strip()[1:-1].split("|")]
+
+
 def report_json(lines: list[str], results: list[dict] | None = None) -> dict:
     """The report as data: its machine line, the `results` a script gives in the format benchmarks/charts.py
     reads (stock, fivefold and, where measured, onnxruntime per benchmark), every markdown table as rows keyed by
@@ -177,11 +182,11 @@ def report_json(lines: list[str], results: list[dict] | None = None) -> dict:
     tables, notes, i = [], [], 1
     while i < len(lines):
         if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
-            header = [c.strip() for c in lines[i].strip("| ").split(" | ")]
+            header = table_cells(lines[i])
             i += 2
             rows = []
             while i < len(lines) and lines[i].startswith("| "):
-                cells = [c.strip() for c in lines[i].strip("| ").split(" | ")]
+                cells = table_cells(lines[i])
                 rows.append({h: cell_value(c) for h, c in zip(header, cells, strict=True)})
                 i += 1
             tables.append({"header": header, "rows": rows})

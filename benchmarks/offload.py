@@ -176,7 +176,11 @@ def run_contender(job: dict, limit: int | None, use_cgroup: bool, fresh: bool = 
             if group:
                 group.remove()
     if done.returncode:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:120]}
+        # The last line naming an error, not a warning printed after it; a negative code is a signal (-9: the
+        # cgroup's OOM killer, where the limit was reached).
+        said = done.stderr.strip().splitlines()
+        error = next((line for line in reversed(said) if "Error" in line), said[-1] if said else "")
+        return {"error": f"exit {done.returncode}: {error[:120]}"}
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak": peak}
 
 
@@ -260,6 +264,7 @@ def main() -> None:
                 if "error" not in runs["stock"] and "error" not in cached:
                     results.append({
                         "architecture": "mixtral", "benchmark": f"decode, {router}, {resident:.0%} resident",
+                        "unit": "tokens/s", "higher_is_better": True,
                         "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
                     })  # fmt: skip
     write_report(lines, args.out, args.json, results)

@@ -109,7 +109,7 @@ def test_pipelines_load_the_converted_folder(minilm):
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPERTS, TOP_K = 4, 2
 PROMPT = "The capital of France is"
-# fivefold's oneDNN matmuls against stock's aten ones through SmolLM2's 30 layers: see test_smollm2_matches_stock_llama.
+# fivefold's oneDNN matmuls against stock's aten ones through 30 layers: test_smollm2_logits_match_stock_llama.
 ONEDNN_ROUNDING = 5e-4
 ZEN_OF_PYTHON = "".join(this.d.get(c, c) for c in this.s)  # a real English text every Python ships (~200 tokens)
 
@@ -150,11 +150,12 @@ def perplexity(model, inputs) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_smollm2_logits_match_stock_llama(smollm2_converted, attn):
+def test_smollm2_logits_match_stock_llama(smollm2_converted, onednn_calls, attn):
     """On aten's matmuls (oneDNN off) fivefold's Llama runs stock's sums in stock's order: logits within 1e-4 (0 on
-    the machines measured). fivefold's default oneDNN matmuls sum in another order; through 30 layers whose residual
-    stream reaches 2e4 (SmolLM2's massive activations) that moves logits by ~3e-4, the size of the gap between
-    stock's own sdpa and eager kernels: the bound is that gap, measured here, plus 2e-4."""
+    the machines measured). oneDNN's matmuls (forced here: an Intel CPU keeps fp32 on aten) sum in another order;
+    through 30 layers whose residual stream reaches 2e4 (SmolLM2's massive activations) that moves logits by 2-3e-4,
+    the size of the gap between stock's own sdpa and eager kernels (1.9e-4): the bound is 3x that gap, measured
+    here."""
     src, dst = smollm2_converted
     tokenizer = transformers.AutoTokenizer.from_pretrained(src)
     other = "eager" if attn == "sdpa" else "sdpa"
@@ -172,8 +173,8 @@ def test_smollm2_logits_match_stock_llama(smollm2_converted, attn):
         with torch.backends.mkldnn.flags(enabled=False):
             assert (expected - ours(**batch).logits)[real].abs().max() <= 1e-4
         onednn = (expected - ours(**batch).logits)[real].abs().max().item()
-    assert onednn <= stock_noise + 2e-4, (onednn, stock_noise)
-    assert stock_noise + 2e-4 <= ONEDNN_ROUNDING, stock_noise  # the bound the upcycled tests use
+    assert onednn_calls, "no linear took oneDNN"
+    assert onednn <= 3 * stock_noise, (onednn, stock_noise)
 
 
 @pytest.mark.slow
