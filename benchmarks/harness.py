@@ -160,7 +160,7 @@ def timing_results(architecture: str, rows: list[list[str]]) -> list[dict]:
     return [
         {
             "architecture": architecture,
-            "benchmark": f"{what} {shape}, stock {impl}",
+            "benchmark": f"{architecture} (reduced), {what} {shape}, stock {impl}",
             "unit": "ms",
             "higher_is_better": False,
             "stock": cell_value(stock),
