@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from harness import command_line, machine_line, parse, write_report
+from harness import command_line, machine_line, parse, table, write_report
 from offload import MemoryCgroup, cgroups_available, disk_bandwidth, drop_from_page_cache, expert_bytes, read_bytes
 from safetensors.torch import save_file
 
@@ -188,20 +188,47 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
 
     def peak(result):
-        return "no cgroup" if result["peak"] is None else f"{result['peak'] / GB:.2f} GB peak charge"
+        return "no cgroup" if result["peak"] is None else f"{result['peak'] / GB:.2f}"
 
     total = experts + others
     memory = Path("/proc/meminfo").read_text().split()[1]
+    convert_row = [
+        "convert (streaming)",
+        f"{converted['seconds']:.1f}",
+        f"{args.convert_limit:.2f}",
+        peak(converted),
+        "",
+        "",
+        "",
+    ]
+    generate_row = [
+        f"generate {job['new']} tokens (prompt of {job['prompt']})",
+        f"{got['load_s'] + got['prefill_s']:.1f}",
+        f"{(budget + args.slack * GB) / GB:.2f}",
+        peak(got),
+        f"{got['tok_s']:.3f}",
+        f"{got['read_per_token'] / GB:.2f}",
+        f"{got['hit_rate']:.0%}",
+    ]
+    header = [
+        "step",
+        "seconds (load + prompt)",
+        "cgroup limit GB",
+        "peak charge GB",
+        "tokens/s",
+        "GB read a token",
+        "cache hit rate",
+    ]
     lines = [
         machine_line(f"cgroup: {'yes' if cgroups_available() else 'NO (needs root)'}; RAM {int(memory) / 1e6:.1f} GB"),
         "",
         f"Mixtral-shaped, fp32: {total / GB:.3g} GB ({experts / GB:.3g} GB of experts, {others / GB:.3g} GB the rest);"
-        f" built in {built:.0f} s; converted in {converted['seconds']:.0f} s ({peak(converted)}, cgroup limit "
-        f"{args.convert_limit:.1f} GB); disk {bandwidth / MB:,.0f} MB/s cold sequential read",
-        f"generation: max_memory {budget / GB:.3g} GB (expert cache {got['cache_budget'] / GB:.3g} GB), cgroup limit "
-        f"{(budget + args.slack * GB) / GB:.2f} GB: load {got['load_s']:.1f} s, prompt of {job['prompt']} tokens "
-        f"{got['prefill_s']:.1f} s ({got['prefill_read'] / GB:.1f} GB read), then {got['tok_s']:.3f} tokens/s, "
-        f"{got['read_per_token'] / GB:.2f} GB read per token, hit rate {got['hit_rate']:.0%}; {peak(got)}",
+        f" built in {built:.0f} s; disk {bandwidth / MB:,.0f} MB/s cold sequential read; generation with max_memory"
+        f" {budget / GB:.3g} GB (expert cache {got['cache_budget'] / GB:.3g} GB): load {got['load_s']:.1f} s, prompt"
+        f" {got['prefill_s']:.1f} s ({got['prefill_read'] / GB:.1f} GB read)",
+        "",
+        *table(header, [convert_row, generate_row]),
+        "",
         f"tokens: {got['tokens']}",
     ]
     write_report(lines, args.out, args.json)

@@ -3,7 +3,8 @@ in order, then the page once more over what its first run left (a reader runs a 
 scratch folder /tmp/x moved into the test's temporary folder.
 
 The python snippets run in one interpreter for the whole module (tests/snippet_runner.py), each in a namespace of
-its own; shell snippets in a shell each. Either kind is killed with its process group when it hangs."""
+its own; shell snippets in a shell each, their `fivefold` calls answered by a warm interpreter (tests/warm_cli.py:
+the start-up is most of a CLI call's time). Either kind is killed with its process group when it hangs."""
 
 import json
 import os
@@ -22,6 +23,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # with the checks of its table; here it would run four times over, a third of this file's time).
 NOT_RUN = ("pip install", "scripts/test.sh", "pytest", "ruff ", "path/to", "fivefold demo")
 TIMEOUT_S = 600
+WARM_CLI = Path(__file__).parent / "warm_cli.py"
 
 
 def snippets(page: Path) -> list[tuple[str, str]]:
@@ -75,9 +77,33 @@ def runner():
     interpreter.close()
 
 
+@pytest.fixture(scope="module")
+def shell_environment(tmp_path_factory):
+    """The shell snippets' environment: `fivefold` on their PATH is tests/warm_cli.py's caller, whose server was
+    started with this very environment (a call in any other runs the real command)."""
+    folder = tmp_path_factory.mktemp("warm-cli")
+    socket_path, shim = folder / "socket", folder / "bin" / "fivefold"
+    real = Path(sys.executable).parent / "fivefold"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{WARM_CLI}" call "{socket_path}" "{real}" "$@"\n')
+    shim.chmod(0o755)
+    env = environment()
+    env["PATH"] = f"{shim.parent}{os.pathsep}{env['PATH']}"
+    server = subprocess.Popen(
+        [sys.executable, str(WARM_CLI), "serve", str(socket_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    yield env
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_page_snippets_run_twice_in_a_row(page, tmp_path, runner):
+def test_page_snippets_run_twice_in_a_row(page, tmp_path, runner, shell_environment):
     scratch = str(tmp_path / "x")
     for attempt in ("first", "second"):
         for i, (lang, code) in enumerate(snippets(page)):
@@ -85,7 +111,7 @@ def test_page_snippets_run_twice_in_a_row(page, tmp_path, runner):
             if lang == "python":
                 ok, error = runner.run(code, tmp_path)
             else:
-                returncode, error = run_in_own_group(["bash", "-e", "-c", code], tmp_path, environment())
+                returncode, error = run_in_own_group(["bash", "-e", "-c", code], tmp_path, shell_environment)
                 ok = returncode == 0
             assert ok, f"{page.name} snippet {i} ({lang}), {attempt} run, failed:\n{code}\n{error[-3000:]}"
 
