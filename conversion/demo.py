@@ -11,6 +11,7 @@ from fivefold.architectures import ARCHITECTURES
 
 from .architecture import stock_class_name
 from .convert import convert
+from .errors import ConversionError
 from .samples import build_stock_checkpoint
 from .verify import compare
 
@@ -21,11 +22,16 @@ def _auto_class_for(arch, stock_class: str) -> str:
     return next(auto for auto, cls in arch.models.items() if cls.__name__ == f"Fivefold{stock_class}")
 
 
-def run_demo(print_fn=print) -> bool:
+def run_demo(print_fn=print, only: list[str] | None = None) -> bool:
+    """The table for every architecture, or for the stock model types in `only`."""
+    known = [arch.stock_model_type for arch in ARCHITECTURES]
+    unknown = [name for name in only or () if name not in known]
+    if unknown:
+        raise ConversionError(f"no architecture {', '.join(unknown)} in the table; it has {', '.join(known)}")
     transformers.utils.logging.disable_progress_bar()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fivefold-demo-") as tmp:
-        for arch in ARCHITECTURES:
+        for arch in (a for a in ARCHITECTURES if not only or a.stock_model_type in only):
             for cls in arch.models.values():
                 stock_name = stock_class_name(cls)
                 src = Path(tmp) / f"{stock_name}-stock"

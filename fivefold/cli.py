@@ -78,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     _token(p)
     _quiet(p)
 
-    sub.add_parser("demo", help="convert a tiny checkpoint of every architecture and print a parity table")
+    p = sub.add_parser("demo", help="convert a tiny checkpoint of every architecture and print a parity table")
+    p.add_argument("architectures", nargs="*", metavar="MODEL_TYPE", help="only these (stock model types: bert, …)")
     return parser
 
 
@@ -154,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.command == "demo":
             from fivefold.conversion.demo import run_demo
 
-            return 0 if run_demo() else 1
+            return 0 if run_demo(only=args.architectures) else 1
     except ConversionError as e:
         print(f"fivefold {args.command}: error: {e}", file=sys.stderr)
         return 2

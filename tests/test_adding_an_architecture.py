@@ -73,7 +73,7 @@ def test_following_the_page_adds_a_working_architecture(tmp_path):
     assert written == ["configuration/distilbert.py", "modeling/distilbert.py", "conversion/distilbert.py"]
     assert len((tree / "fivefold/modeling/distilbert.py").read_text().splitlines()) <= 200
 
-    demo = run([sys.executable, "-m", "fivefold", "demo"], tree, tmp_path, timeout=600)
+    demo = run([sys.executable, "-m", "fivefold", "demo", "distilbert"], tree, tmp_path, timeout=600)
     assert demo.returncode == 0, demo.stdout[-3000:]
     rows = [line for line in demo.stdout.splitlines() if line.startswith("distilbert ")]
     assert len(rows) == 6 and all(row.endswith("yes") for row in rows), demo.stdout[-3000:]

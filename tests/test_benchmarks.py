@@ -23,12 +23,12 @@ TIMEOUT_S = 1800  # every --quick run together takes minutes; this only catches 
 
 DRIVER = textwrap.dedent(
     """
-    import contextlib, io, json, runpy, sys, traceback
+    import contextlib, io, json, runpy, sys, time, traceback
     from pathlib import Path
     benchmarks, folder = Path(sys.argv[1]), Path(sys.argv[2])
     sys.path.insert(0, str(benchmarks))  # what `python benchmarks/<name>.py` puts first: harness.py
     for name in sys.argv[3:]:
-        out, printed, error = folder / name, io.StringIO(), ""
+        out, printed, error, start = folder / name, io.StringIO(), "", time.perf_counter()
         out.mkdir()
         sys.argv = [str(benchmarks / f"{name}.py"), "--quick", "--out", str(out / "report.md"), "--json",
                     str(out / "report.json")]
@@ -39,7 +39,8 @@ DRIVER = textwrap.dedent(
             error = "" if stop.code in (None, 0) else f"SystemExit({stop.code!r})"
         except BaseException:
             error = traceback.format_exc()
-        (out / "result.json").write_text(json.dumps({"stdout": printed.getvalue(), "error": error}))
+        seconds = time.perf_counter() - start
+        (out / "result.json").write_text(json.dumps({"stdout": printed.getvalue(), "error": error, "seconds": seconds}))
     """
 )
 

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fivefold.architectures import ARCHITECTURES
+from fivefold.conversion.errors import ConversionError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,3 +46,13 @@ def test_demo_prints_a_parity_table():
     assert any(line.startswith("bert") and "FivefoldBertForPreTraining" in line for line in lines)
     assert any(line.startswith("roberta") for line in lines)
     assert lines[-1].endswith("yes")
+
+
+def test_demo_of_named_architectures_only(capsys):
+    from fivefold.conversion.demo import run_demo
+
+    assert run_demo(only=["gpt2"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gpt2 ")]
+    assert len(rows) == len(next(a for a in ARCHITECTURES if a.stock_model_type == "gpt2").models)
+    with pytest.raises(ConversionError, match="no architecture gtp2 in the table; it has bert, "):
+        run_demo(only=["gtp2"])

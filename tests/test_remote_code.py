@@ -78,12 +78,13 @@ def _jobs_and_checks(arch, converted) -> tuple[list[RemoteJob], list[tuple]]:
 
 
 @pytest.fixture(scope="module")
-def remote_runs(converted, tmp_path_factory) -> dict:
-    """Every architecture's jobs in one process without fivefold (the start-up of torch and transformers paid
-    once, not once an architecture): per architecture, (remote result, check) pairs, or the error its preparation
-    raised (re-raised by its own test)."""
+def remote_runs(converted, tmp_path_factory, request) -> dict:
+    """The jobs of every architecture whose test is selected (`-k distilbert` prepares one), in one process without
+    fivefold (the start-up of torch and transformers paid once, not once an architecture): per architecture,
+    (remote result, check) pairs, or the error its preparation raised (re-raised by its own test)."""
+    chosen = {item.callspec.id for item in request.session.items if item.originalname == NAME}
     prepared, jobs = {}, []
-    for arch in ARCHITECTURES:
+    for arch in (a for a in ARCHITECTURES if a.stock_model_type in chosen):
         try:
             arch_jobs, checks = _jobs_and_checks(arch, converted)
         except Exception as error:  # its own test fails with it; the other architectures run
@@ -96,6 +97,9 @@ def remote_runs(converted, tmp_path_factory) -> dict:
         name: entry if isinstance(entry, Exception) else list(zip(remote[entry[0] :], entry[1], strict=False))
         for name, entry in prepared.items()
     }
+
+
+NAME = "test_converted_folders_load_as_remote_code"
 
 
 @pytest.mark.slow
