@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,14 +41,15 @@ def start(env: dict) -> list[str]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    atexit.register(stop, server)
+    atexit.register(stop, server, path)
     return [sys.executable, __file__, "call", path]
 
 
-def stop(server: subprocess.Popen) -> None:
+def stop(server: subprocess.Popen, path: str) -> None:
     if server.poll() is None:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def warm_enough(asked: dict, server: dict) -> bool:
