@@ -127,6 +127,12 @@ class MemoryCgroup:
     def peak(self) -> int:
         return int((self.path / ("memory.max_usage_in_bytes" if self.v1 else "memory.peak")).read_text())
 
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel's OOM killer ended at the limit."""
+        name = "memory.oom_control" if self.v1 else "memory.events"
+        lines = (self.path / name).read_text().splitlines()
+        return next((int(line.split()[1]) for line in lines if line.startswith("oom_kill ")), 0)
+
     def remove(self) -> None:
         self.path.rmdir()
 
@@ -172,12 +178,14 @@ def run_contender(job: dict, limit: int | None, use_cgroup: bool, fresh: bool = 
         try:
             done = subprocess.run(["sh", "-c", prefix + " ".join(map(repr, command))], capture_output=True, text=True)
             peak = group.peak() if group else None
+            oom_killed = group is not None and group.oom_kills() > 0
         finally:
             if group:
                 group.remove()
+    if oom_killed:
+        return {"error": f"killed by the cgroup's OOM killer at its {limit / MB:,.0f} MB limit"}
     if done.returncode:
-        # The last line naming an error, not a warning printed after it; a negative code is a signal (-9: the
-        # cgroup's OOM killer, where the limit was reached).
+        # The last line naming an error, not a warning printed after it.
         said = done.stderr.strip().splitlines()
         error = next((line for line in reversed(said) if "Error" in line), said[-1] if said else "")
         return {"error": f"exit {done.returncode}: {error[:120]}"}

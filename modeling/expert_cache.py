@@ -64,8 +64,19 @@ class OffloadedExpert:
 
     def read(self) -> dict[str, torch.Tensor]:
         """Its tensors in CPU memory (pinned for an accelerator), in the dtypes of the module's parameters."""
+        return self.typed(self.fill(self.buffers()))
+
+    def buffers(self) -> dict[str, torch.Tensor | None]:
+        """Room for its stored bytes, allocated in the calling thread (see FileTensor.empty)."""
         pin = self.device.type == "cuda" and torch.cuda.is_available()
-        return {name: source.read(pin_memory=pin).to(self.shapes[name][1]) for name, source in self.sources.items()}
+        return {name: source.empty(pin) for name, source in self.sources.items()}
+
+    def fill(self, buffers: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+        """Its tensors as stored, read into `buffers`; may run in a background thread (it allocates nothing)."""
+        return {name: source.read(into=buffers[name]) for name, source in self.sources.items()}
+
+    def typed(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
     def materialize(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
         for name, tensor in tensors.items():
@@ -129,7 +140,7 @@ class ExpertCache:
         self.stats.misses += 1
         future = self.staged.pop(expert, None)
         if future is not None:
-            tensors = future.result()
+            tensors = expert.typed(future.result())
             self.stats.prefetch_used += 1
             self.used[expert.layer] -= expert.nbytes  # the reservation becomes the entry
         else:
@@ -157,23 +168,29 @@ class ExpertCache:
     # --- reads ahead (prefetch.py) ------------------------------------------------------------------------------
 
     def prefetch(self, layer: str, indices: list[int], pool: Executor) -> None:
-        """Starts reading the given experts of `layer` in the background, each in room made in its share."""
+        """Starts reading the given experts of `layer` (the likeliest first) in the background, each in room made in
+        its share by evicting only experts not guessed: the guessed ones already cached become the most recent."""
         self._settle(layer)
+        lru = self.cached[layer]
+        for index in indices:
+            if index in lru:
+                lru.move_to_end(index)
+        keep = set(indices)
         for index in indices:
             expert = self.experts.get((layer, index))
-            if expert is None or index in self.cached[layer] or expert in self.staged:
+            if expert is None or index in lru or expert in self.staged:
                 continue
-            if not self._room_for(layer, expert.nbytes):
+            if not self._room_for(layer, expert.nbytes, keep):
                 return
             self.used[layer] += expert.nbytes
-            self.staged[expert] = pool.submit(expert.read)
+            self.staged[expert] = pool.submit(expert.fill, expert.buffers())
             self.stats.prefetched += 1
             self.stats.bytes_read += expert.read_bytes
 
     def _settle(self, layer: str) -> None:
         """Reads ahead that the layer did not use become its oldest entries: their bytes are already read."""
         for expert in [e for e in self.staged if e.layer == layer]:
-            tensors = self.staged.pop(expert).result()
+            tensors = expert.typed(self.staged.pop(expert).result())
             expert.materialize(tensors, expert.device)
             self.cached[layer][expert.index] = expert
             self.cached[layer].move_to_end(expert.index, last=False)
@@ -184,11 +201,15 @@ class ExpertCache:
         self.cached[expert.layer][expert.index] = expert
         self.used[expert.layer] += expert.nbytes
 
-    def _room_for(self, layer: str, nbytes: int) -> bool:
-        """Evicts the layer's least recently used experts until `nbytes` more fit its share; whether they do."""
+    def _room_for(self, layer: str, nbytes: int, keep: set[int] = frozenset()) -> bool:
+        """Evicts the layer's least recently used experts (not those in `keep`) until `nbytes` more fit its share;
+        whether they do."""
         lru = self.cached[layer]
-        while lru and self.used[layer] + nbytes > self.quota[layer]:
-            _, evicted = lru.popitem(last=False)
+        while self.used[layer] + nbytes > self.quota[layer]:
+            victim = next((index for index in lru if index not in keep), None)
+            if victim is None:
+                break
+            evicted = lru.pop(victim)
             evicted.release()
             self.used[layer] -= evicted.nbytes
             self.stats.evictions += 1

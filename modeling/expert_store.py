@@ -72,7 +72,12 @@ class FileTensor:
             raise ExpertReadError(f"{self.path} no longer holds tensor {self.name}: the checkpoint changed")
         return header[self.name]
 
-    def read(self, pin_memory: bool = False) -> torch.Tensor:
+    def empty(self, pin_memory: bool = False) -> torch.Tensor:
+        """A buffer for `read(into=...)`, allocated by the calling thread, so that a reading thread allocates
+        nothing (glibc would give it a malloc arena of its own)."""
+        return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+
+    def read(self, pin_memory: bool = False, into: torch.Tensor | None = None) -> torch.Tensor:
         try:
             with open(self.path, "rb") as f:
                 if self._entry_in(_parse_header(f, self.path)) != self.entry:
@@ -81,7 +86,7 @@ class FileTensor:
                     )
                 if os.fstat(f.fileno()).st_size < self.entry.offset + self.nbytes:
                     raise ExpertReadError(f"{self.path} is truncated: tensor {self.name} lies past its end")
-                out = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+                out = self.empty(pin_memory) if into is None else into
                 f.seek(self.entry.offset)
                 got = f.readinto(memoryview(out.numpy()))
         except FileNotFoundError as error:
@@ -103,7 +108,10 @@ class MemoryTensor:
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor
 
-    def read(self, pin_memory: bool = False) -> torch.Tensor:
+    def empty(self, pin_memory: bool = False) -> None:
+        return None
+
+    def read(self, pin_memory: bool = False, into: None = None) -> torch.Tensor:
         return self.tensor
 
 

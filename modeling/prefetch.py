@@ -31,7 +31,9 @@ class ExpertPrefetcher:
             x = args[0].reshape(-1, args[0].shape[-1])  # [N, C]
             with torch.no_grad():
                 logits = layer.router(x)  # [N, E]; accelerate's hooks, if any, place x
-                guess = logits.topk(layer.top_k, dim=-1).indices.unique().tolist()
+                chosen = logits.topk(layer.top_k, dim=-1).indices.flatten()
+                guess = chosen.bincount(minlength=logits.shape[-1]).argsort(descending=True, stable=True)
+                guess = guess[: chosen.unique().numel()].tolist()  # the experts picked, the most tokens' first
             self.cache.prefetch(name, guess, self.pool)
 
         return read_ahead

@@ -4,6 +4,7 @@ checkpoint file removed or truncated under a running model is a clear error nami
 Every MoE architecture of the table (a row whose model has `MixtureOfExperts` layers) runs the model-level tests."""
 
 import os
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -161,6 +162,31 @@ def test_the_budget_is_never_exceeded_and_hits_cost_no_read(tmp_path):
         on_device = sum(e.nbytes for e in experts if e.materialized)
         assert on_device == cache.bytes_cached <= 4 * size
     assert cache.stats.hits + cache.stats.misses == 200 and cache.stats.hits > 0
+
+
+def test_reads_ahead_evict_only_unguessed_experts_within_the_budget(tmp_path):
+    experts, _ = _layers_on_file(tmp_path, experts=6)
+    size = experts[0].nbytes
+    cache = ExpertCache(experts, budget=6 * size)  # three experts a layer
+    for index in (0, 1, 2):  # l1 caches 0, 1, 2; 0 is the least recently used
+        cache.acquire(cache.experts[("l1", index)], 1)
+    buffers = []
+
+    class InlinePool:  # runs the read at once; records that its buffers came from this thread
+        def submit(self, fn, into):
+            buffers.append(into)
+            future = Future()
+            future.set_result(fn(into))
+            return future
+
+    cache.prefetch("l1", [4, 0], InlinePool())  # the likeliest first: 4 read, 0 kept, 1 evicted for it
+    assert cache.cached_experts("l1") == [2, 0] and list(cache.staged) == [cache.experts[("l1", 4)]]
+    assert cache.bytes_cached <= cache.budget and cache.stats.prefetched == 1
+    staged = next(iter(cache.staged.values())).result()
+    assert [t.data_ptr() for t in staged.values()] == [t.data_ptr() for t in buffers[0].values()]  # filled in place
+    cache.acquire(cache.experts[("l1", 4)], 1)  # the read ahead becomes an entry
+    assert cache.cached_experts("l1") == [2, 0, 4] and cache.stats.prefetch_used == 1
+    assert cache.bytes_cached == 6 * size // 2
 
 
 def test_a_budget_of_zero_reads_every_call_and_keeps_nothing(tmp_path):
