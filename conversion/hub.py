@@ -3,6 +3,7 @@ in one commit, every failure one ConversionError."""
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,12 @@ def looks_local(src: str) -> bool:
 
 
 def download(repo_id: str, ref: HubRef) -> Path:
-    """The repo's checkpoint files at `ref.revision`, safetensors weights if it has them, else .bin ones."""
+    """The repo's checkpoint files at `ref.revision`, safetensors weights if it has them, else .bin ones.
+
+    huggingface_hub retries a file's request on 408 and 429 and resumes a body cut off halfway (a Range request);
+    its repo-info call and other answers (5xx, a timeout) it does not retry. Those are retried here, as a whole
+    `snapshot_download` again, which finds the files it has already fetched in the cache. What is left failing is one
+    ConversionError naming the server's answer."""
     from huggingface_hub import snapshot_download
 
     prefix = f"{ref.subfolder.strip('/')}/" if ref.subfolder else ""
@@ -45,7 +51,18 @@ def download(repo_id: str, ref: HubRef) -> Path:
     def fetch(weights: str) -> Path:
         patterns = [prefix + p for p in (*_SIDE, weights)]
         kwargs = dict(revision=ref.revision, token=ref.token, allow_patterns=patterns)
-        return Path(snapshot_download(repo_id, **kwargs)) / prefix
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                return Path(snapshot_download(repo_id, **kwargs)) / prefix
+            except Exception as e:
+                cause = _server_side(e)
+                if cause is None:
+                    raise
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise ConversionError(
+                        f"downloading {repo_id} from the Hub failed after {attempt} attempts: {_answer(cause)}"
+                    ) from None
+                time.sleep(2 ** (attempt - 1))
 
     folder = fetch("*.safetensors")
     if not any(folder.glob("*.safetensors")):  # legacy repos hold only .bin weights
@@ -54,6 +71,98 @@ def download(repo_id: str, ref: HubRef) -> Path:
         where = f" in its folder {ref.subfolder}" if ref.subfolder else ""
         raise ConversionError(f"the Hub repo {repo_id} has no config.json{where} (revision {ref.revision or 'main'})")
     return folder
+
+
+DOWNLOAD_ATTEMPTS = 3  # a download failing for the server's side (5xx, 429, a timeout, a dropped connection)
+_TRANSIENT = (408, 429, 500, 502, 503, 504)
+
+
+def _http_client():
+    """The HTTP library huggingface_hub speaks through (httpx2 from 2.x, httpx before)."""
+    try:
+        import httpx2
+
+        return httpx2
+    except ModuleNotFoundError:
+        import httpx
+
+        return httpx
+
+
+def _chain(e: BaseException):
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _server_side(e: Exception) -> BaseException | None:
+    """The transient failure behind `e` (huggingface_hub wraps some in a LocalEntryNotFoundError), or None."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    httpx = _http_client()
+    for link in _chain(e):
+        if isinstance(link, httpx.TransportError):
+            return link
+        if isinstance(link, HfHubHTTPError) and link.response is not None:
+            return link if link.response.status_code in _TRANSIENT else None
+    return None
+
+
+def _answer(e: BaseException) -> str:
+    """The server's answer in a few words: its status and message, or what the connection did."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    httpx = _http_client()
+    if isinstance(e, HfHubHTTPError) and e.response is not None:
+        r = e.response
+        said = f": {e.server_message.strip()}" if e.server_message else ""
+        answer = f"the server answered {r.status_code} {r.reason_phrase} to {r.request.method} {r.url}{said}"
+        return " ".join(answer.split())
+    if isinstance(e, httpx.TimeoutException):
+        limit = f"{HUB_TIMEOUT}, HF_HUB_DOWNLOAD_TIMEOUT, HF_HUB_ETAG_TIMEOUT: seconds"
+        return f"the server did not answer in time ({limit}): {_reason(e)}"
+    if isinstance(e, httpx.TransportError):
+        return f"the connection failed: {_reason(e)}"
+    return _reason(e)
+
+
+def _network_failure(e: Exception) -> BaseException:
+    """The server's answer or the connection's failure behind `e`, else `e` itself."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    httpx = _http_client()
+    kinds = (HfHubHTTPError, httpx.TransportError)
+    return next((link for link in _chain(e) if isinstance(link, kinds)), e)
+
+
+HUB_TIMEOUT = "FIVEFOLD_HUB_TIMEOUT"  # seconds an answer of the Hub's API may take at most (fivefold's CLI)
+
+
+def bound_hub_requests() -> None:
+    """Gives huggingface_hub's requests a finite timeout: its client has none, and its API calls (the repo info, the
+    file tree, a commit) pass none, so a server that takes the connection and never answers hangs the caller. Each
+    limit a request leaves open becomes FIVEFOLD_HUB_TIMEOUT seconds (60 by default; HF_HUB_ETAG_TIMEOUT to
+    connect); a file's body keeps HF_HUB_DOWNLOAD_TIMEOUT, which huggingface_hub passes itself. Set through its own
+    `set_client_factory`, by fivefold's command line, which owns its process; a program calling fivefold's Python
+    API keeps the client it has."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    seconds = float(os.environ.get(HUB_TIMEOUT) or 60)
+    default = dict(connect=float(constants.HF_HUB_ETAG_TIMEOUT), read=seconds, write=seconds, pool=seconds)
+    stock_factory = huggingface_hub.utils._http.default_client_factory
+
+    def bound(request) -> None:  # an httpx request hook: runs before the transport reads the limits
+        given = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {k: v if given.get(k) is None else given[k] for k, v in default.items()}
+
+    def bounded_client():
+        client = stock_factory()
+        hooks = client.event_hooks
+        client.event_hooks = {**hooks, "request": [*hooks.get("request", []), bound]}
+        return client
+
+    huggingface_hub.set_client_factory(bounded_client)
 
 
 def _token(token: str | bool | None) -> str:
@@ -116,7 +225,8 @@ def push_folder(
                 api.delete_repo(repo_id)
             except Exception:
                 pass  # the repo holds only what the Hub creates with it; the error below says what failed
-        raise ConversionError(f"pushing {folder} to {repo_id} failed, nothing was pushed: {_reason(e)}") from None
+        answer = _answer(_network_failure(e))
+        raise ConversionError(f"pushing {folder} to {repo_id} failed, nothing was pushed: {answer}") from None
     return info.commit_url
 
 

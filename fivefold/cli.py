@@ -114,6 +114,9 @@ def _run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    from fivefold.conversion.hub import bound_hub_requests
+
+    bound_hub_requests()
     quiet = getattr(args, "quiet", False)
     say = (lambda *a: None) if quiet else print
     hub = dict(revision=getattr(args, "revision", None), subfolder=getattr(args, "subfolder", None))

@@ -79,12 +79,29 @@ class Repo:
         return sha
 
 
+@dataclass
+class Fault:
+    """What the server does instead of answering: `answer` is "500" or "429" (a status, 429 with Retry-After: 1),
+    "drop" (half the body, then the connection closed: the response's for a GET, the request's for a POST), or
+    "slow" (no answer for `seconds`, then the connection closed), for requests whose method is `method` and whose
+    path holds `path`, the next `times` of them (-1: all)."""
+
+    method: str
+    path: str
+    answer: str
+    times: int = 1
+    seconds: float = 5.0
+
+
 class FrontHub:
     """The server clients talk to (HF_ENDPOINT): uploads kept in memory, everything else passed to olah."""
 
     def __init__(self, token: str, upstream: str | None):
         self.token, self.upstream, self.repos = token, upstream, {}
         self.fail_commits = False  # answer every commit with a server error
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range header; ("STEP", name, None)
+        self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -92,6 +109,31 @@ class FrontHub:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def fault_for(self, method: str, path: str, range_: str | None) -> Fault | None:
+        with self.lock:
+            self.requests.append((method, path, range_))
+            for fault in self.faults:
+                if fault.method == method and fault.path in path and fault.times != 0:
+                    fault.times -= fault.times > 0
+                    return fault
+        return None
+
+    def requests_by_step(self) -> dict[str, list[tuple[str, str, str | None]]]:
+        steps, current = {}, None
+        for method, path, range_ in self.requests:
+            if method == "STEP":
+                current = steps[path] = []
+            elif current is not None:
+                current.append((method, path, range_))
+        return steps
+
+    def add_repo(self, repo_id: str, folder: Path) -> Repo:
+        """A repo served from memory: the folder's files in one commit on main."""
+        repo = self.repos[repo_id] = Repo()
+        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        repo.commit("main", {".gitattributes": GITATTRIBUTES, **files}, set(), "initial commit")
+        return repo
 
     def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
         repo = self.repos[repo_id]
@@ -115,7 +157,12 @@ def _handler(hub: FrontHub):
             if not (head and "Content-Length" in (headers or {})):  # a HEAD tells the size of what GET sends
                 self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if not head:
+            if getattr(self, "drop_halfway", False):
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+            elif not head:
                 self.wfile.write(body)
 
         def _json(self, status: int, data, **headers):
@@ -147,6 +194,26 @@ def _handler(hub: FrontHub):
                 fwd = {k: (v.replace(hub.upstream, hub.url) if k.lower() == "location" else v) for k, v in fwd.items()}
             self._send(resp.status, data, fwd)
 
+        def _faulted(self) -> bool:
+            """Answers with the fault this request meets, if any, and says whether it did. A dropped GET is answered
+            later, by `_send`, with half its body; a dropped POST is read halfway and the connection closed."""
+            fault = hub.fault_for(self.command, urllib.parse.urlsplit(self.path).path, self.headers.get("Range"))
+            if fault is None:
+                return False
+            self.close_connection = True
+            if fault.answer in ("500", "429"):
+                retry = {"Retry-After": "1"} if fault.answer == "429" else {}
+                message = f"the test server answers {fault.answer}"
+                self._json(int(fault.answer), {"error": message}, **{"X-Error-Message": message, **retry})
+            elif fault.answer == "slow":
+                time.sleep(fault.seconds)
+            elif self.command == "GET":
+                self.drop_halfway = True
+                return False
+            else:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0) // 2)
+            return True
+
         def _repo(self, repo_id: str) -> Repo | None:
             repo = hub.repos.get(repo_id)
             if repo is not None and repo.private and not self._authorised():
@@ -158,6 +225,8 @@ def _handler(hub: FrontHub):
             self.do_GET()
 
         def do_GET(self):
+            if self._faulted():
+                return
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             parts = path.strip("/").split("/")
             if path == "/api/agent-harnesses":
@@ -220,14 +289,26 @@ def _handler(hub: FrontHub):
             if content is None:
                 return self._error(404, "EntryNotFound", f"{file} not found")
             etag = f'"{git_blob_sha(content)}"'
-            headers = {"X-Repo-Commit": sha, "ETag": etag, "Content-Length": str(len(content))}
-            self._send(200, content, headers)
+            headers = {"X-Repo-Commit": sha, "ETag": etag, "Accept-Ranges": "bytes"}
+            start = _range_start(self.headers.get("Range"))
+            if start:  # a download resumed where it broke off
+                headers["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
+                return self._send(206, content[start:], {**headers, "Content-Length": str(len(content) - start)})
+            self._send(200, content, {**headers, "Content-Length": str(len(content))})
 
         def do_POST(self):
+            if self._faulted():
+                return
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             parts, body = path.strip("/").split("/"), self._body()
             if path.startswith("/fivefold-test/fail-commits/"):  # the tests' switch for server errors
                 hub.fail_commits = path.endswith("/on")
+                return self._json(200, {})
+            if path == "/fivefold-test/step":  # a client's next step: its name (in the log) and its faults
+                step = json.loads(body)
+                with hub.lock:
+                    hub.faults = [Fault(**fault) for fault in step["faults"]]
+                    hub.requests.append(("STEP", step["name"], None))
                 return self._json(200, {})
             if path == "/api/validate-yaml":
                 return self._json(200, {"errors": [], "warnings": []})
@@ -288,6 +369,13 @@ def _handler(hub: FrontHub):
             self._json(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{sha}", "commitOid": sha, "success": True})
 
     return Handler
+
+
+def _range_start(header: str | None) -> int:
+    """N of a `bytes=N-` Range header (the only form a resumed download sends), else 0."""
+    if not header or not header.startswith("bytes=") or not header.endswith("-"):
+        return 0
+    return int(header[len("bytes=") : -1])
 
 
 class Olah:
