@@ -427,6 +427,15 @@ def client_env(endpoint: str, home: Path, token: str | None) -> dict[str, str]:
     return env
 
 
+def one_line_error(result: dict, *words: str) -> str:
+    """A client step's failure as the user sees it: exit status 2 and one line holding every one of `words`."""
+    assert result["rc"] == 2, result
+    line = result["stderr"].strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert all(w in line for w in words), line
+    return line
+
+
 def run_client(script: str, env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """Runs a client step in a fresh interpreter (HF_ENDPOINT is read at import), its whole group killed on timeout."""
     process = subprocess.Popen(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hub_server import FrontHub, Olah, client_env, mirror_repo, olah_cli, run_client
+from hub_server import FrontHub, Olah, client_env, mirror_repo, olah_cli, one_line_error, run_client
 from huggingface_hub import ModelCard
 
 from fivefold.conversion.samples import build_stock_checkpoint
@@ -169,14 +169,6 @@ def test_convert_push_load_without_fivefold_finetune_push_reload(hub, fivefold_r
 def ok(result: dict) -> dict:
     assert result.get("rc", 0) == 0, result
     return result
-
-
-def one_line_error(result: dict, *words: str) -> str:
-    assert result["rc"] == 2, result
-    line = result["stderr"].strip()
-    assert "\n" not in line and "Traceback" not in line, line
-    assert all(w in line for w in words), line
-    return line
 
 
 # Trainer(push_to_hub=True): one step of fine-tuning a fivefold model, then Trainer.push_to_hub.

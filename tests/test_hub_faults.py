@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hub_server import FrontHub, client_env, run_client
+from hub_server import FrontHub, client_env, one_line_error, run_client
 
 import fivefold
 from fivefold.conversion.samples import build_stock_checkpoint
@@ -53,14 +53,6 @@ def fault(method: str, path: str, answer: str, times: int = 1, seconds: float = 
 
 def tree_hashes(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")}
-
-
-def one_line(result: dict, *words: str) -> str:
-    assert result["rc"] == 2, result
-    line = result["stderr"].strip()
-    assert "\n" not in line and "Traceback" not in line, line
-    assert all(w in line for w in words), line
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +111,10 @@ def test_a_download_recovers_from_429_500_and_a_connection_cut_halfway(faulted):
 
 def test_a_persistent_500_and_a_slow_server_are_one_line_and_write_nothing(faulted):
     results, out = faulted["results"], faulted["out"]
-    line = one_line(results["failing"], "org/failing", "failed after 3 attempts", "500", WEIGHTS)
+    line = one_line_error(results["failing"], "org/failing", "failed after 3 attempts", "500", WEIGHTS)
     assert "the test server answers 500" in line  # the server's own message
-    one_line(results["slow"], "org/slow", "failed after 3 attempts", "did not answer in time", "FIVEFOLD_HUB_TIMEOUT")
+    timeout = ("did not answer in time", "FIVEFOLD_HUB_TIMEOUT")
+    one_line_error(results["slow"], "org/slow", "failed after 3 attempts", *timeout)
     for name in ("failing", "slow"):
         assert not out[name].exists()
     leftovers = [p.name for p in faulted["root"].iterdir() if p.name.startswith(("failing", "slow"))]
@@ -133,10 +126,10 @@ def test_a_persistent_500_and_a_slow_server_are_one_line_and_write_nothing(fault
 def test_a_failed_upload_leaves_the_remote_repo_and_the_local_folder_as_they_were(faulted):
     results, hub, before = faulted["results"], faulted["hub"], faulted["before"]
     ref = faulted["out"]["ref"]
-    one_line(results["push-dropped"], "org/pushed", "nothing was pushed", "connection")
-    one_line(results["push-429"], "org/pushed", "nothing was pushed", "429 Too Many Requests")
+    one_line_error(results["push-dropped"], "org/pushed", "nothing was pushed", "connection")
+    one_line_error(results["push-429"], "org/pushed", "nothing was pushed", "429 Too Many Requests")
     assert hub.repos["org/pushed"].branches == before["remote"]  # no half commit, no commit at all
     assert hub.repos["org/pushed"].messages == before["messages"]
     assert tree_hashes(ref) == before["local"]  # byte for byte
-    one_line(results["convert-push-500"], "org/new", "nothing was pushed", "500")
+    one_line_error(results["convert-push-500"], "org/new", "nothing was pushed", "500")
     assert "org/new" not in hub.repos  # the repo made for the failed push is gone again
