@@ -17,6 +17,7 @@ from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
 from .owned_memory import own_file_backed_tensors
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
+from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
 from .rotary import RotaryEmbedding
@@ -101,13 +102,35 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
         quantized nothing, raises QuantizationError (quantization.py). CPU weights get memory of their own
         (`copy_file_backed_weights`): a shard changed under the running model cannot crash it."""
-        loaded = cls._load(pretrained_model_name_or_path, *model_args, **kwargs)
+        name = pretrained_model_name_or_path
+        if kwargs.get("device_map") is not None:  # offloaded experts are read from the folder's files later on
+            loaded = cls._load(name, *model_args, **kwargs)
+        else:
+            loaded = cls._load_whole_folder(name, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
         check_quantized(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
         if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
             own_file_backed_tensors(model)
         return loaded
+
+    @classmethod
+    def _load_whole_folder(cls, name: str | os.PathLike | None, *model_args, **kwargs):
+        """A local folder read through one handle (pinned_folder.py): the old folder or, if it was replaced and
+        removed during the load, the new one, never a mix of the two."""
+        with pinned_folder(name) as folder:
+            try:
+                loaded = cls._load(folder, *model_args, **kwargs)
+            except Exception:
+                if not replaced(name, folder):
+                    raise
+                loaded = None
+            else:
+                model = loaded[0] if isinstance(loaded, tuple) else loaded
+                if folder != name:  # the name a user gave, not the handle's
+                    model.config._name_or_path = model.name_or_path = os.fspath(name)
+                return loaded
+        return cls._load(name, *model_args, **kwargs)
 
     @classmethod
     def _load(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
