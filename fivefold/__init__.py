@@ -28,7 +28,11 @@ peft_defaults.register()  # LoRA's default targets for fivefold's model types, o
 
 # The Trainer subclasses import transformers' Trainer (and `datasets` with it), a second of every start-up that
 # converting, loading and the command line never need: imported on first use.
-_LAZY = {"MixtureOfExpertsTrainer": "fivefold.loss_logging", "PreTrainingTrainer": "fivefold.loss_logging"}
+_LAZY = {
+    "MixtureOfExpertsTrainer": "fivefold.loss_logging",
+    "PreTrainingTrainer": "fivefold.loss_logging",
+    "last_complete_checkpoint": "fivefold.resume",
+}
 
 
 def __getattr__(name: str):
@@ -50,6 +54,7 @@ __all__ = [
     "__version__",
     "convert",
     "export",
+    "last_complete_checkpoint",
     "masked_lm_collator",
     "next_sentence_pairs",
     "push_folder",

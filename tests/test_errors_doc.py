@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "errors.md"
 FILES = ("test_bad_checkpoints.py", "test_bad_inputs.py", "test_atomic_output.py", "test_no_surprises.py",
          "test_properties.py", "test_full_disk.py", "test_integrity.py",
-         "test_changing_files.py", "test_resume.py", "test_lost_rank.py", "test_hub_faults.py")  # fmt: skip
+         "test_changing_files.py", "test_resume.py", "test_lost_rank.py", "test_hub_faults.py",
+         "test_concurrent_folders.py")  # fmt: skip
 NOT_A_ROW = {"test_bad_checkpoints.py::test_verify_cli_prints_diffs"}  # a success path kept beside the failures
 
 

@@ -4,13 +4,18 @@ checkpoint 4, resumed with `resume_from_checkpoint`, and ends with the uninterru
 (fp32, one process, the same thread count: Trainer's checkpoint holds the optimizer, scheduler, the RNG states and
 the data order)."""
 
+import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from launching import WORKERS, free_port
 
 # One run of the job: "full" trains 6 steps, "killed" SIGKILLs itself at step 3 (checkpoint-2 on disk, not
 # checkpoint-4), "resume" continues from the last checkpoint. Saves the final weights to OUT/final.pt.
@@ -85,3 +90,57 @@ def test_killed_training_resumes_to_the_uninterrupted_weights(converted, tmp_pat
         assert full.keys() == again.keys()
         differing = [k for k in full if not torch.equal(full[k], again[k])]
         assert differing == [], f"{kind}: {len(differing)} tensors differ, e.g. {differing[:3]}"
+
+
+def _torchrun_jobs(runs: dict[str, list[str]], cwd, timeout: float = 400) -> dict[str, tuple[int, str]]:
+    """Each run as `torchrun --nproc_per_node=2 resume_ddp.py ARGS`, side by side: its exit code and output; a
+    hang kills every job's process group and fails the test."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(WORKERS)}
+    jobs = {}
+    for name, args in runs.items():
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+        jobs[name] = subprocess.Popen(
+            [*command, str(WORKERS / "resume_ddp.py"), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+    deadline, done = time.time() + timeout, {}
+    for name, job in jobs.items():
+        try:
+            out, _ = job.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for other in jobs.values():
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            pytest.fail(f"{name}: timed out (a hang)")
+        done[name] = (job.returncode, out)
+    return done
+
+
+@pytest.mark.slow
+def test_killed_ddp_training_relaunched_under_torchrun_resumes_exactly(converted, tmp_path):
+    """Two gloo ranks: one run straight through; one whose rank 1 is SIGKILLed at step 3 (torchrun ends the job);
+    one whose rank 0 is SIGKILLed while writing checkpoint-4, which is left without its RNG and trainer states.
+    Each killed job relaunched from `fivefold.last_complete_checkpoint` ends with the uninterrupted run's weights,
+    bit for bit; transformers' own `resume_from_checkpoint=True` would have taken the half-written checkpoint-4."""
+    folder = converted("gpt2", "GPT2LMHeadModel")[1]
+    out = {name: tmp_path / name for name in ("full", "kill-rank-1", "kill-mid-save")}
+    first = _torchrun_jobs({name: [str(folder), str(path), name] for name, path in out.items()}, tmp_path)
+    assert first["full"][0] == 0, first["full"][1][-4000:]
+    for name in ("kill-rank-1", "kill-mid-save"):
+        code, log = first[name]
+        assert code != 0 and "Signal 9 (SIGKILL)" in log, log[-4000:]
+        assert not (out[name] / "final.pt").exists()
+    assert sorted(p.name for p in out["kill-rank-1"].glob("checkpoint-*")) == ["checkpoint-2"]
+    half = out["kill-mid-save"] / "checkpoint-4"
+    assert (half / "optimizer.pt").is_file() and not (half / "trainer_state.json").exists()  # half-written
+    again = _torchrun_jobs({name: [str(folder), str(out[name]), "resume"] for name in ("kill-rank-1", "kill-mid-save")},
+                           tmp_path)  # fmt: skip
+    full = torch.load(out["full"] / "final.pt")
+    for name, (code, log) in again.items():
+        assert code == 0, log[-4000:]
+        resumed_from = json.loads((out[name] / "resumed-from.json").read_text())
+        assert Path(resumed_from["fivefold"]).name == "checkpoint-2", resumed_from
+        resumed = torch.load(out[name] / "final.pt")
+        differing = [k for k in full if not torch.equal(full[k], resumed[k])]
+        assert full.keys() == resumed.keys() and differing == [], f"{name}: {len(differing)} tensors differ"
+    assert Path(json.loads((out["kill-mid-save"] / "resumed-from.json").read_text())["transformers"]) == half

@@ -161,3 +161,22 @@ def test_gradient_accumulation_matches_full_batch_on_digits(digits_classifier, t
         return one_sgd_update(digits_classifier(), Digits(0, 4), tmp_path, batch_size, accumulation)
 
     assert_same_update(one_update(4, 1), one_update(2, 2))
+
+
+def test_last_complete_checkpoint_skips_half_written_ones(tmp_path):
+    def checkpoint(step: int, *files: str) -> None:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_bytes(b"")
+
+    assert fivefold.last_complete_checkpoint(tmp_path) is None
+    checkpoint(2, "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json")
+    checkpoint(10, "model.safetensors", "optimizer.pt", "rng_state_0.pth", "trainer_state.json")  # rank 1's RNG lost
+    checkpoint(12, "model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth")  # no trainer state
+    (tmp_path / "checkpoint-14").write_bytes(b"")  # not a folder
+    assert fivefold.last_complete_checkpoint(tmp_path, world_size=2) == str(tmp_path / "checkpoint-2")
+    assert fivefold.last_complete_checkpoint(tmp_path, world_size=1) is None  # one process writes rng_state.pth
+    checkpoint(3, "rng_state.pth", "trainer_state.json")
+    checkpoint(20, "rng_state.pth", "trainer_state.json")
+    assert fivefold.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")  # by step, not by name
