@@ -82,9 +82,9 @@ class Repo:
 @dataclass
 class Fault:
     """What the server does instead of answering: `answer` is "500" or "429" (a status, 429 with Retry-After: 1),
-    "drop" (half the body, then the connection closed: the response's for a GET, the request's for a POST), or
-    "slow" (no answer for `seconds`, then the connection closed), for requests whose method is `method` and whose
-    path holds `path`, the next `times` of them (-1: all)."""
+    "drop" (half the body, then the connection closed: the response's for a GET, the request's for a POST), "slow"
+    (no answer for `seconds`, then the connection closed) or "late" (the usual answer, `seconds` late), for requests
+    whose method is `method` and whose path holds `path`, the next `times` of them (-1: all)."""
 
     method: str
     path: str
@@ -101,6 +101,7 @@ class FrontHub:
         self.fail_commits = False  # answer every commit with a server error
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range header; ("STEP", name, None)
+        self.arrivals: list[float] = []  # time.monotonic() of each request, in the same order
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -113,6 +114,7 @@ class FrontHub:
     def fault_for(self, method: str, path: str, range_: str | None) -> Fault | None:
         with self.lock:
             self.requests.append((method, path, range_))
+            self.arrivals.append(time.monotonic())
             for fault in self.faults:
                 if fault.method == method and fault.path in path and fault.times != 0:
                     fault.times -= fault.times > 0
@@ -207,6 +209,10 @@ def _handler(hub: FrontHub):
                 self._json(int(fault.answer), {"error": message}, **{"X-Error-Message": message, **retry})
             elif fault.answer == "slow":
                 time.sleep(fault.seconds)
+            elif fault.answer == "late":  # answered as usual, `seconds` late
+                self.close_connection = False
+                time.sleep(fault.seconds)
+                return False
             elif self.command == "GET":
                 self.drop_halfway = True
                 return False
@@ -309,6 +315,7 @@ def _handler(hub: FrontHub):
                 with hub.lock:
                     hub.faults = [Fault(**fault) for fault in step["faults"]]
                     hub.requests.append(("STEP", step["name"], None))
+                    hub.arrivals.append(time.monotonic())
                 return self._json(200, {})
             if path == "/api/validate-yaml":
                 return self._json(200, {"errors": [], "warnings": []})

@@ -11,6 +11,9 @@ the step that made it.
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -133,3 +136,40 @@ def test_a_failed_upload_leaves_the_remote_repo_and_the_local_folder_as_they_wer
     assert tree_hashes(ref) == before["local"]  # byte for byte
     one_line_error(results["convert-push-500"], "org/new", "nothing was pushed", "500")
     assert "org/new" not in hub.repos  # the repo made for the failed push is gone again
+
+
+def test_two_processes_downloading_into_one_cache_both_get_the_whole_repo(faulted, tmp_path):
+    """Both conversions ask for the same weights at once (each answer 3 s late, so that the downloads overlap):
+    huggingface_hub's lock on the blob makes one wait for the other, and both convert what the repo holds."""
+    hub, ref = FrontHub(TOKEN, upstream=None), faulted["out"]["ref"]
+    hub.add_repo("org/shared", faulted["root"] / "stock")
+    env = client_env(hub.url, tmp_path / "home", TOKEN)  # one cache for both
+    late = [fault("GET", "/" + WEIGHTS, "late", times=-1, seconds=3)]
+    clients = []
+    for i in range(2):
+        argv = ["convert", "org/shared", str(tmp_path / f"dst-{i}"), "-q"]
+        steps = [dict(name=f"client-{i}", argv=argv, faults=late)]
+        clients.append(subprocess.Popen(
+            [sys.executable, "-c", STEPS, json.dumps(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        ))  # fmt: skip
+    try:
+        outputs = [client.communicate(timeout=180) for client in clients]
+    finally:
+        for client in clients:
+            if client.poll() is None:
+                os.killpg(client.pid, 9)
+        hub.close()
+    for client, (out, err) in zip(clients, outputs, strict=True):
+        assert client.returncode == 0, err[-3000:]
+        assert all(r["rc"] == 0 for r in json.loads(out.strip().splitlines()[-1]).values()), out
+    expected = read_tensors(ref)
+    for i in range(2):
+        got = read_tensors(tmp_path / f"dst-{i}")
+        assert got.keys() == expected.keys() and all((got[k] == expected[k]).all() for k in expected)
+    cache = tmp_path / "home" / "hub" / "models--org--shared"
+    assert not list(cache.rglob("*.incomplete")), list(cache.rglob("*"))
+    asked = [(r[0], t) for r, t in zip(hub.requests, hub.arrivals, strict=True) if r[1].endswith("/" + WEIGHTS)]
+    gets, heads = [t for m, t in asked if m == "GET"], [t for m, t in asked if m == "HEAD"]
+    assert len(gets) == 1, asked  # downloaded once: the other process found it in the cache
+    assert len(heads) >= 2 and max(heads) < gets[0] + 3, asked  # both asked for it before the download ended
