@@ -45,6 +45,7 @@ CONTENDERS = {
     "stock": {},
     "fivefold, cache off": dict(expert_cache_bytes=0),
     "fivefold, cache": {},
+    "fivefold, cache (frequency)": dict(expert_cache_eviction="frequency"),
     "fivefold, cache + prefetch": dict(expert_prefetch=True),
 }
 MB = 1e6
@@ -256,7 +257,7 @@ def main() -> None:
                 # --quick: one contender in its own process and cgroup, the others in this one (a smoke test).
                 runs = {
                     name: run_contender({**job, "name": name, "max_memory": budget}, limit, use_cgroup, fresh)
-                    for name, fresh in zip(CONTENDERS, (not args.quick, True, *[not args.quick] * 2), strict=True)
+                    for name, fresh in zip(CONTENDERS, (not args.quick, True, *[not args.quick] * 3), strict=True)
                 }
                 cached = runs["fivefold, cache"]
                 floor = max(1 / whole["tok_s"], cached.get("cache_read_per_token", 0) / bandwidth)

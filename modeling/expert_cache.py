@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .expert_eviction import RecencyEviction
 from .expert_placement import DeviceCosts, compute_on_cpu
 
 
@@ -98,8 +99,9 @@ def _set_parameter(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
 
 
 class ExpertCache:
-    def __init__(self, experts: list[OffloadedExpert], budget: int, costs: DeviceCosts | None = None):
+    def __init__(self, experts: list[OffloadedExpert], budget: int, costs: DeviceCosts | None = None, eviction=None):
         self.budget = budget
+        self.eviction = eviction or RecencyEviction()
         self.costs = costs or DeviceCosts()
         self.stats = CacheStats()
         self.experts = {(e.layer, e.index): e for e in experts}
@@ -133,6 +135,7 @@ class ExpertCache:
     def acquire(self, expert: OffloadedExpert, tokens: int) -> torch.device:
         """Puts the expert's weights where it will run for `tokens` rows; the device it runs on."""
         lru = self.cached[expert.layer]
+        self.eviction.used(expert.layer, expert.index)
         if expert.index in lru:
             lru.move_to_end(expert.index)
             self.stats.hits += 1
@@ -154,7 +157,7 @@ class ExpertCache:
                 self.stats.cpu_calls += 1
                 return torch.device("cpu")
         expert.materialize(tensors, expert.device)
-        if self._room_for(expert.layer, expert.nbytes):
+        if self._admits(expert) and self._room_for(expert.layer, expert.nbytes):
             self._insert(expert)
         else:
             self.transient.add(expert)
@@ -201,15 +204,22 @@ class ExpertCache:
         self.cached[expert.layer][expert.index] = expert
         self.used[expert.layer] += expert.nbytes
 
+    def _admits(self, expert: OffloadedExpert) -> bool:
+        """Whether the eviction policy keeps this expert, read for a call, at the price of the one it would evict."""
+        lru = self.cached[expert.layer]
+        if not lru or self.used[expert.layer] + expert.nbytes <= self.quota[expert.layer]:
+            return True
+        return self.eviction.admits(expert.layer, expert.index, self.eviction.victim(expert.layer, list(lru)))
+
     def _room_for(self, layer: str, nbytes: int, keep: set[int] = frozenset()) -> bool:
-        """Evicts the layer's least recently used experts (not those in `keep`) until `nbytes` more fit its share;
+        """Evicts the layer's experts the policy picks (not those in `keep`) until `nbytes` more fit its share;
         whether they do."""
         lru = self.cached[layer]
         while self.used[layer] + nbytes > self.quota[layer]:
-            victim = next((index for index in lru if index not in keep), None)
-            if victim is None:
+            candidates = [index for index in lru if index not in keep]
+            if not candidates:
                 break
-            evicted = lru.pop(victim)
+            evicted = lru.pop(self.eviction.victim(layer, candidates))
             evicted.release()
             self.used[layer] -= evicted.nbytes
             self.stats.evictions += 1

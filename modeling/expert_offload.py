@@ -23,6 +23,7 @@ from accelerate.utils import convert_file_size_to_int, send_to_device
 from torch import nn
 
 from .expert_cache import ExpertCache, OffloadedExpert
+from .expert_eviction import eviction_named
 from .expert_store import FileTensor, MemoryTensor, index_folders
 from .moe import MixtureOfExperts
 from .prefetch import ExpertPrefetcher
@@ -85,7 +86,8 @@ def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> E
         offloaded += _resident(layers, folders)
     if budget is None:
         budget = _default_budget(model, offloaded, max_memory)
-    cache = ExpertCache(offloaded, budget)
+    eviction = eviction_named(getattr(model.config, "expert_cache_eviction", "lru"))
+    cache = ExpertCache(offloaded, budget, eviction=eviction)
     for expert in offloaded:
         remove_hook_from_module(expert.module, recurse=True)
         add_hook_to_module(expert.module, ExpertHook(cache, expert))

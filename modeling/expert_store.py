@@ -8,6 +8,7 @@ a crash on a dead memory map or weights silently different from those the model 
 """
 
 import json
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ _DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }  # fmt: skip
+
+
+_OWN_PAGES = 1 << 20  # bytes from which a read buffer gets pages of its own
 
 
 class ExpertReadError(RuntimeError):
@@ -73,9 +77,17 @@ class FileTensor:
         return header[self.name]
 
     def empty(self, pin_memory: bool = False) -> torch.Tensor:
-        """A buffer for `read(into=...)`, allocated by the calling thread, so that a reading thread allocates
-        nothing (glibc would give it a malloc arena of its own)."""
-        return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+        """A buffer for `read(into=...)`, allocated by the calling thread (a reading thread allocates nothing): pinned
+        memory for an accelerator; else, for a large tensor, pages of its own (an anonymous mmap, huge pages where
+        the system gives them), returned to the system when the tensor is freed. From malloc, glibc keeps such
+        blocks once freed (its mmap threshold rises to the largest freed): a cache reading and evicting experts
+        then grew the process by hundreds of MB over its budget, OOM-killed at the benchmark's cgroup limit."""
+        if pin_memory or self.nbytes < _OWN_PAGES:
+            return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+        pages = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            pages.madvise(mmap.MADV_HUGEPAGE)
+        return torch.frombuffer(pages, dtype=torch.uint8)
 
     def read(self, pin_memory: bool = False, into: torch.Tensor | None = None) -> torch.Tensor:
         try:

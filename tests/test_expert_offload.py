@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.inputs import causal_text_sample
 from fivefold.modeling.expert_cache import ExpertCache, OffloadedExpert
+from fivefold.modeling.expert_eviction import FrequencyEviction, eviction_named
 from fivefold.modeling.expert_offload import OffloadedTraining
 from fivefold.modeling.expert_placement import DeviceCosts, compute_on_cpu
 from fivefold.modeling.expert_store import ExpertReadError, FileTensor, read_header
@@ -144,6 +145,33 @@ def test_each_layer_evicts_its_least_recently_used_expert(tmp_path):
     assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 6, 2)
     assert cache.stats.bytes_read == 6 * size  # a miss reads that expert's tensors only
     assert [e.materialized for e in experts] == [True, False, True, False, False, True, True, False]
+
+
+def test_frequency_eviction_keeps_popular_experts_and_lets_rare_ones_pass(tmp_path):
+    experts, _ = _layers_on_file(tmp_path, layers=1, experts=6)
+    size = experts[0].nbytes
+    cache = ExpertCache(experts, budget=2 * size, eviction=FrequencyEviction(half_life=1000))  # two fit
+    calls = [0, 1, 0, 1, 0, 1, 2, 3, 0, 4, 1, 5]  # 0 and 1 popular, 2-5 once each
+    for index in calls:
+        expert = cache.experts[("l0", index)]
+        cache.acquire(expert, 1)
+        cache.done(expert)
+        assert cache.bytes_cached <= cache.budget
+    assert sorted(cache.cached_experts("l0")) == [0, 1]  # the rare ones ran without evicting them
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (6, 6, 0)
+    assert [e.materialized for e in experts] == [True, True, False, False, False, False]
+    (tmp_path / "lru").mkdir()
+    lru = ExpertCache(_layers_on_file(tmp_path / "lru", layers=1, experts=6)[0], budget=2 * size)
+    for index in calls:
+        expert = lru.experts[("l0", index)]
+        lru.acquire(expert, 1)
+        lru.done(expert)
+    assert lru.stats.hits == 4 and lru.cached_experts("l0") == [1, 5]  # least recently used: each rare one evicts
+
+
+def test_an_unknown_eviction_policy_is_refused():
+    with pytest.raises(ValueError, match="expert_cache_eviction='mru' is not a policy fivefold has: lru, frequency"):
+        eviction_named("mru")
 
 
 def test_the_budget_is_never_exceeded_and_hits_cost_no_read(tmp_path):
