@@ -14,7 +14,7 @@ class HeadColumns(TensorParallelLayer):
     def should_use_local_tensors(self, module: nn.Module) -> bool:
         return True  # the forward runs on this rank's columns and returns them as they are
 
-    def shard_param(self, module: nn.Module, param: str, mesh) -> None:
+    def shard_param(self, module: nn.Module, param: str, mesh, **context) -> None:  # 5.25 passes config, mesh_manager
         from torch.distributed.tensor import Shard, distribute_tensor
 
         meta = module._parameters.get(param)

@@ -52,7 +52,7 @@ def _difference(stock_name: str, flag: str) -> str | None:
 
 
 def _flags(model) -> dict:
-    values = {flag: getattr(model, flag) for flag in FLAGS}
+    values = {flag: getattr(model, flag, "<absent>") for flag in FLAGS}  # transformers 5.25 dropped _is_stateful
     values["can_generate"] = model.can_generate()
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     values["tied_output_embeddings"] = output is not None and output.weight is model.get_input_embeddings().weight
