@@ -13,6 +13,9 @@ from .errors import ConversionError
 # the sentence-transformers modules (modules.json, 1_Pooling/config.json, ...). `*` crosses folders in these.
 _SIDE = ("*.json", "*.txt", "*.model", "README.md")
 
+DOWNLOAD_ATTEMPTS = 3  # a download failing for the server's side (5xx, 429, a timeout, a dropped connection)
+_TRANSIENT = (408, 429, 500, 502, 503, 504)
+
 # A Hub repo id: `name` or `namespace/name` (huggingface_hub's own rules, less the length limit).
 _REPO_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
 
@@ -73,10 +76,6 @@ def download(repo_id: str, ref: HubRef) -> Path:
     return folder
 
 
-DOWNLOAD_ATTEMPTS = 3  # a download failing for the server's side (5xx, 429, a timeout, a dropped connection)
-_TRANSIENT = (408, 429, 500, 502, 503, 504)
-
-
 def _http_client():
     """The HTTP library huggingface_hub speaks through (httpx2 from 2.x, httpx before)."""
     try:
@@ -99,13 +98,10 @@ def _server_side(e: Exception) -> BaseException | None:
     """The transient failure behind `e` (huggingface_hub wraps some in a LocalEntryNotFoundError), or None."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    httpx = _http_client()
-    for link in _chain(e):
-        if isinstance(link, httpx.TransportError):
-            return link
-        if isinstance(link, HfHubHTTPError) and link.response is not None:
-            return link if link.response.status_code in _TRANSIENT else None
-    return None
+    link = _network_failure(e)
+    if isinstance(link, HfHubHTTPError):
+        return link if link.response is not None and link.response.status_code in _TRANSIENT else None
+    return link if isinstance(link, _http_client().TransportError) else None
 
 
 def _answer(e: BaseException) -> str:

@@ -31,10 +31,9 @@ class ExpertPrefetcher:
             x = args[0].reshape(-1, args[0].shape[-1])  # [N, C]
             with torch.no_grad():
                 logits = layer.router(x)  # [N, E]; accelerate's hooks, if any, place x
-                chosen = logits.topk(layer.top_k, dim=-1).indices.flatten()
-                guess = chosen.bincount(minlength=logits.shape[-1]).argsort(descending=True, stable=True)
-                guess = guess[: chosen.unique().numel()].tolist()  # the experts picked, the most tokens' first
-            self.cache.prefetch(name, guess, self.pool)
+                tokens = logits.topk(layer.top_k, dim=-1).indices.flatten().bincount(minlength=logits.shape[-1])
+                picked = tokens.argsort(descending=True, stable=True)[: int((tokens > 0).sum())]  # most tokens first
+            self.cache.prefetch(name, picked.tolist(), self.pool)
 
         return read_ahead
 

@@ -130,7 +130,6 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             except Exception:
                 if not replaced(name, folder):
                     raise
-                loaded = None
             else:
                 model = loaded[0] if isinstance(loaded, tuple) else loaded
                 if folder != name:  # the name a user gave, not the handle's

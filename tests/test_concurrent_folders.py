@@ -134,10 +134,17 @@ def test_two_saves_into_one_folder_at_once_leave_one_of_them_whole(two_models, t
     dst, flags = tmp_path / "saved", tmp_path.parent / f"{tmp_path.name}-flags"
     flags.mkdir()
     savers = [
-        subprocess.Popen([sys.executable, "-c", SAVER, src, dst, flags], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SAVER, src, dst, flags], stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         for src in (old, new)
     ]
-    errors = [p.communicate(timeout=120)[1] for p in savers]
+    try:
+        errors = [p.communicate(timeout=120)[1] for p in savers]
+    finally:  # a hang fails the test and leaves no process behind
+        for saver in savers:
+            if saver.poll() is None:
+                os.killpg(saver.pid, 9)
     codes = [p.returncode for p in savers]
     assert 0 in codes, errors
     for code, err in zip(codes, errors, strict=True):
