@@ -21,6 +21,7 @@ from transformers.quantizers.base import get_keys_to_not_convert
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 from fivefold.architectures import ARCHITECTURES, Architecture, stock_class_name
+from fivefold.modeling.moe import MixtureOfExperts
 from fivefold.modeling.quantization import NOT_QUANTIZED, QuantizationError, is_quantized_weight, quantized_modules
 
 from helpers import RemoteJob, run_without_fivefold
@@ -296,3 +297,32 @@ def test_int8_weights_run_torchs_int8_kernel(unquantized, monkeypatch):
     experts = config.num_hidden_layers * config.num_local_experts * 3
     assert len(calls) >= len(quantized_modules(ours)) - experts  # every attention linear, and experts chosen
     assert len(calls) > len(quantized_modules(ours)) - experts  # some expert took it
+
+
+def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeypatch):
+    """torchao dynamic int8 (activations quantized per row at each call) on BERT and Mixtral: every quantized
+    linear takes fivefold's int8 path (`torch._int_mm` on the rounded activations), whose outputs equal torchao's
+    own path bit for bit (the same scales, roundings and int32 sums)."""
+    pytest.importorskip("torchao")
+    from fivefold.modeling import int8
+
+    kernel, calls = int8.int8_dynamic_linear, []
+
+    def counted(x, weight, bias):
+        y = kernel(x, weight, bias)
+        calls.append(y is not None)
+        return y
+
+    for model_type in ("bert", "mixtral"):
+        row = unquantized(_arch(model_type))
+        config = QUANTIZERS["torchao-int8-dynamic"].config("torchao-int8-dynamic")
+        ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+        monkeypatch.setattr(int8, "int8_dynamic_linear", lambda x, weight, bias: None)
+        reference = _output(ours, row["inputs"])
+        monkeypatch.setattr(int8, "int8_dynamic_linear", counted)
+        calls.clear()
+        got = _output(ours, row["inputs"])
+        assert calls and all(calls), model_type  # every quantized linear called took the int8 path
+        experts = sum(3 * len(m.experts) for m in ours.modules() if isinstance(m, MixtureOfExperts))
+        assert len(calls) >= len(quantized_modules(ours)) - experts, model_type  # the rest, and the experts chosen
+        torch.testing.assert_close(got, reference, atol=0, rtol=0)
