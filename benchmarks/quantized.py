@@ -59,19 +59,23 @@ def int8_dynamic() -> transformers.TorchAoConfig:
 
 
 def step_bytes(model: torch.nn.Module) -> int:
-    """The bytes of weights one decoding step reads: every weight once (a quantized one as its int8 data and
-    scales), the embedding tables aside (one row each), the LM head whole."""
-    total = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or isinstance(module, torch.nn.Embedding):
+    """The bytes of weights one decoding step reads at batch 1: every weight once (a quantized one as its int8 data
+    and scales), a mixture's experts in the share one token is routed to (top-k of E: stock's fused 3-D experts and
+    fivefold's per-expert layers alike), the embedding tables aside (one row each), the LM head whole."""
+    config = model.config
+    share = config.num_experts_per_tok / config.num_local_experts if hasattr(config, "num_local_experts") else 1.0
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    total = 0.0
+    for name, weight in model.named_parameters():
+        if id(weight) in tables:
             continue
         inner = [weight.qdata, weight.scale] if hasattr(weight, "qdata") else [weight]
-        total += sum(t.numel() * t.element_size() for t in inner)
+        size = sum(t.numel() * t.element_size() for t in inner)
+        total += size * (share if ".experts." in name else 1.0)
     head = model.get_output_embeddings()
     if head is not None and head.weight is model.get_input_embeddings().weight:  # tied: read whole by the head
         total += head.weight.numel() * head.weight.element_size()
-    return total
+    return int(total)
 
 
 def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]]:
