@@ -15,7 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
-from .owned_memory import own_file_backed_tensors
+from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
@@ -118,6 +118,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
         if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
             own_file_backed_tensors(model)
+        if getattr(model, "is_quantized", False):
+            return_freed_memory()  # the full-precision weights the quantizer replaced
         return loaded
 
     @classmethod
