@@ -46,7 +46,7 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
     ranks = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     for rank in (0, 1):
         rank_env = {**env, **ranks, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        command = [*python(True), str(WORKERS / "lost_rank.py"), str(tmp_path), by_hand]
+        command = [*python(warmed=True), str(WORKERS / "lost_rank.py"), str(tmp_path), by_hand]
         jobs[f"{by_hand}-{rank}"] = start(command, rank_env)
     outputs, ended = {}, {}
     deadline = time.time() + 300  # start-up of eight interpreters on two cores, then the bound below

@@ -64,7 +64,7 @@ def _runs(runs: dict[tuple[str, str], list], timeout: float = 300) -> dict[tuple
     code and standard error. A hang kills every run's process group and fails the test."""
     jobs = {
         name: subprocess.Popen(
-            [*python(True), "-c", JOB, *(str(a) for a in args)], env=environment(), stdout=subprocess.DEVNULL,
+            [*python(warmed=True), "-c", JOB, *(str(a) for a in args)], env=environment(), stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
         for name, args in runs.items()
