@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import warm_python
@@ -81,6 +82,30 @@ def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path)
     if any(p.returncode for p in procs):
         raise AssertionError(f"a process failed\n{report}")
     return outputs
+
+
+def side_by_side(commands: dict[str, list[str]], env: dict, timeout: float, cwd=None) -> dict:
+    """Runs the commands at once, each in a process group of its own: name -> CompletedProcess (standard output and
+    error as text). A hang kills every group and fails the test."""
+    procs = {
+        name: subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        for name, cmd in commands.items()
+    }
+    deadline, done = time.monotonic() + timeout, {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{name}: no end within {timeout} s (a hang)") from None
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return done
 
 
 def launch(

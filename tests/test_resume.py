@@ -9,15 +9,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from launching import WORKERS, environment, python, torchrun
+from launching import WORKERS, environment, python, side_by_side, torchrun
 
 import fivefold
 
@@ -59,28 +57,11 @@ JOB = textwrap.dedent(
 CASES = [("bert", "BertForMaskedLM"), ("gpt2", "GPT2LMHeadModel"), ("mixtral", "MixtralForCausalLM")]
 
 
-def _runs(runs: dict[tuple[str, str], list], timeout: float = 300) -> dict[tuple[str, str], tuple[int, str]]:
+def _runs(runs: dict[tuple[str, str], list]) -> dict[tuple[str, str], tuple[int, str]]:
     """Each run (MODE, FOLDER, KIND, OUT) a child of the warm interpreter (tests/launching.py), all at once: its exit
-    code and standard error. A hang kills every run's process group and fails the test."""
-    jobs = {
-        name: subprocess.Popen(
-            [*python(warmed=True), "-c", JOB, *(str(a) for a in args)], env=environment(), stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )
-        for name, args in runs.items()
-    }  # fmt: skip
-    deadline, done = time.monotonic() + timeout, {}
-    try:
-        for name, job in jobs.items():
-            _, err = job.communicate(timeout=max(1, deadline - time.monotonic()))
-            done[name] = (job.returncode, err)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{name}: no end within {timeout} s (a hang)")
-    finally:
-        for job in jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-    return done
+    code and standard error."""
+    commands = {name: [*python(warmed=True), "-c", JOB, *(str(a) for a in args)] for name, args in runs.items()}
+    return {name: (done.returncode, done.stderr) for name, done in side_by_side(commands, environment(), 300).items()}
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ MAY_DIFFER = {
 MAY_DIFFER_PREFIXES = ("TORCHELASTIC_",)  # torchrun's restart count, run id, error file
 PRELOAD = ("torch", "transformers", "fivefold", "fivefold.cli")
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_SERVERS: dict[str, subprocess.Popen] = {}  # by socket path
 
 
 def start(env: dict, preload: tuple[str, ...] = PRELOAD) -> list[str]:
@@ -56,9 +57,15 @@ def start(env: dict, preload: tuple[str, ...] = PRELOAD) -> list[str]:
         start_new_session=True,
     )
     atexit.register(stop, server, path)
+    _SERVERS[path] = server
     while not os.path.exists(path) and server.poll() is None:  # bound at once; the calls then wait for the imports
         time.sleep(0.01)
     return [sys.executable, __file__, "call", path]
+
+
+def close(prefix: list[str]) -> None:
+    """Stops the server `start` returned this prefix for, before this process exits."""
+    stop(_SERVERS.pop(prefix[-1]), prefix[-1])
 
 
 def stop(server: subprocess.Popen, path: str) -> None:
