@@ -123,9 +123,11 @@ class FrontHub:
                     return fault
         return None
 
-    def requests_for(self, repo_id: str) -> list[tuple[str, str, str | None]]:
-        """The requests whose path names `repo_id` (as its files' and its API's paths do), in order of arrival."""
-        return [r for r in self.requests if f"/{repo_id}/" in r[1]]
+    def requests_for(self, repo_id: str) -> list[tuple[str, str, str | None, float]]:
+        """The requests whose path names `repo_id` (as its files' and its API's paths do), in order of arrival, each
+        with its arrival time."""
+        arrived = zip(self.requests, self.arrivals, strict=True)
+        return [(*request, t) for request, t in arrived if f"/{repo_id}/" in request[1]]
 
     def add_repo(self, repo_id: str, folder: Path) -> Repo:
         """A repo served from memory: the folder's files in one commit on main."""
