@@ -119,9 +119,10 @@ def save_training_state(
     scheduler=None,
     keep: int | None = None,
 ) -> Path:
-    """Saves the state after `step` optimizer steps as `output_dir/checkpoint-{step}`; every rank calls it. Returns
-    when the checkpoint is complete and visible on every rank. With `keep`, only the newest `keep` checkpoints stay.
-    `model` is the model as trained (FSDP2- or expert-parallel-sharded, DDP-wrapped, or plain)."""
+    """Saves the state after `step` optimizer steps as `output_dir/checkpoint-{step}`; every rank calls it, with an
+    `output_dir` every rank sees (one file system, as DCP needs). Returns when the checkpoint is complete and visible.
+    With `keep`, only the newest `keep` checkpoints stay. `model` is the model as trained (FSDP2- or
+    expert-parallel-sharded, DDP-wrapped, or plain)."""
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be at least 1 (the checkpoint just written); got {keep}")
     rank, world = _rank_and_world()
@@ -200,10 +201,13 @@ def load_training_state(
     taken, or 0 if there is no checkpoint (nothing is changed then). Every rank calls it.
     On another number of ranks the weights and the optimizer are resharded, but the generators cannot be
     restored: a warning says so, and dropout and sampling then differ from an uninterrupted run."""
-    folder = last_training_state(output_dir)
+    rank, world = _rank_and_world()
+    folder = [last_training_state(output_dir)]
+    if world > 1:  # rank 0's choice: a file system slow to show a rename to every node must not split the ranks
+        dist.broadcast_object_list(folder, src=0)
+    folder = folder[0]
     if folder is None:
         return 0
-    rank, world = _rank_and_world()
     saved = json.loads((Path(folder) / STATE).read_text())
     state = _state(model, optimizer, scheduler)
     same_ranks = saved["world_size"] == world

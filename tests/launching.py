@@ -1,11 +1,11 @@
 """Starting N gloo processes from a test: a free port, torchrun's environment, each process group killed when time
 runs out (a hang fails the test, never CI), and every rank's output in the failure message.
 
-With `warm=True` each rank is a child forked from one interpreter per test session that has imported torch,
-transformers (Trainer too), fivefold and torch.distributed.checkpoint once (tests/warm_python.py): `import fivefold`
-is 5-12 s of every fresh interpreter, most of a small multi-process test. The rank is still a process of its own,
-started from a state no other rank or earlier run touched; its launcher (torchrun's agent, or the test) sees it
-end as it ended, by its exit code or by its signal."""
+With `warmed=True` (`python`, `torchrun_command`) a process is a child forked from one interpreter per test
+session that has imported torch, transformers (Trainer too), fivefold and torch.distributed.checkpoint once
+(tests/warm_python.py): `import fivefold` is 5-12 s of every fresh interpreter, most of a small multi-process test.
+It is still a process of its own, started from a state no other process or earlier run touched; its launcher
+(torchrun's agent, or the test) sees it end as it ended, by its exit code or by its signal."""
 
 import functools
 import json
@@ -52,6 +52,7 @@ def warm() -> list[str]:
 
 
 def python(warmed: bool) -> list[str]:
+    """The command prefix of `python ARGS...`: a fresh interpreter, or a child of the warm one."""
     return warm() if warmed else [sys.executable]
 
 
@@ -108,9 +109,7 @@ def side_by_side(commands: dict[str, list[str]], env: dict, timeout: float, cwd=
     return done
 
 
-def launch(
-    worker: str, world_size: int, tmp_path: Path, args: dict, timeout: float = 120, warmed: bool = False
-) -> list[dict]:
+def launch(worker: str, world_size: int, tmp_path: Path, args: dict, timeout: float = 120) -> list[dict]:
     """Runs tests/workers/<worker>.py as `world_size` ranks (torchrun's variables, gloo); each rank writes a JSON
     result to <tmp_path>/result-<rank>.json, returned in rank order."""
     port = free_port()
@@ -128,7 +127,7 @@ def launch(
         )
         for rank in range(world_size)
     ]
-    commands = [[*python(warmed), str(WORKERS / f"{worker}.py"), str(tmp_path)]] * world_size
+    commands = [[sys.executable, str(WORKERS / f"{worker}.py"), str(tmp_path)]] * world_size
     _run(commands, envs, timeout, tmp_path)
     return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in range(world_size)]
 

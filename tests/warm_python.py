@@ -1,6 +1,7 @@
-"""A warm Python for the docs' shell snippets: one server imports torch, transformers and fivefold once and forks a
-child for each call, so that a page's `fivefold` calls skip the start-up (`import fivefold` is 6-12 s on the 2-core
-machines: most of a CLI call's time; convert.md, vit.md and llama.md, twice each, took 269 s, 37 s so).
+"""A warm Python for the docs' shell snippets and the multi-process tests (tests/launching.py): one server imports
+torch, transformers and fivefold once and forks a child for each call, so that a page's `fivefold` calls and a
+test's ranks skip the start-up (`import fivefold` is 6-12 s on the 2-core machines: most of a CLI call's time;
+convert.md, vit.md and llama.md, twice each, took 269 s, 37 s so).
 
 `python warm_python.py serve SOCKET [MODULE ...]` is the server (it imports the modules, by default PRELOAD);
 `python warm_python.py call SOCKET ARGS...` runs `python ARGS...` (`-m MODULE ...`, `-c CODE ...` or `SCRIPT ...`) in a
@@ -13,7 +14,7 @@ rank (RANK, MASTER_PORT, TORCHELASTIC_*, ...) runs a real interpreter instead: t
 (OpenMP its thread count, huggingface_hub its offline flag), so a variable set later could be missed. The server
 never computes, so its children fork with no thread pool started, and its objects are frozen out of the garbage
 collector, so that a child's collections do not copy the pages they sit on. When the caller dies (a test's timeout
-kills its process group), its child is killed."""
+kills its process group), its child is killed. Linux 5.3 or later (a pidfd watches the child)."""
 
 import atexit
 import gc
