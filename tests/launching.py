@@ -56,6 +56,22 @@ def python(warmed: bool) -> list[str]:
     return warm() if warmed else [sys.executable]
 
 
+def end(procs: list[subprocess.Popen], grace_s: float = 5) -> None:
+    """Ends every process still running with its process group (each was started in a session of its own):
+    SIGTERM first, so that torchrun's agent stops its ranks, which run in sessions of their own; SIGKILL after
+    `grace_s`."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path) -> list[str]:
     procs = [
         subprocess.Popen(
@@ -69,9 +85,7 @@ def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path)
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)  # each was started in a session of its own
+            end(procs)
             out, _ = proc.communicate()
         outputs.append(out)
     report = "\n".join(
@@ -102,10 +116,7 @@ def side_by_side(commands: dict[str, list[str]], env: dict, timeout: float, cwd=
     except subprocess.TimeoutExpired:
         raise AssertionError(f"{name}: no end within {timeout} s (a hang)") from None
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end(list(procs.values()))
     return done
 
 
