@@ -10,12 +10,11 @@ the warm interpreter (tests/launching.py)."""
 
 import os
 import re
-import signal
 import subprocess
 import time
 
 import pytest
-from launching import WORKERS, environment, free_port, python, torchrun_command
+from launching import WORKERS, end, environment, free_port, python, torchrun_command
 
 CASES = ("ep-generate", "ep-train", "ddp")
 BOUND_S = 60  # from the kill to the end of the whole job
@@ -49,14 +48,12 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
         command = [*python(warmed=True), str(WORKERS / "lost_rank.py"), str(tmp_path), by_hand]
         jobs[f"{by_hand}-{rank}"] = start(command, rank_env)
     outputs, ended = {}, {}
-    deadline = time.time() + 300  # start-up of eight interpreters on two cores, then the bound below
+    deadline = time.time() + 300  # start-up of three torchrun agents and the ranks, then the bound below
     for case, job in jobs.items():
         try:
             outputs[case], _ = job.communicate(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            for other in jobs.values():
-                if other.poll() is None:
-                    os.killpg(other.pid, signal.SIGKILL)
+            end(list(jobs.values()))
             pytest.fail(f"{case}: the job outlived its lost rank (a hang)")
         ended[case] = time.time()
     for case in CASES:
