@@ -7,6 +7,7 @@ rewritten to those flat names.
 """
 
 import ast
+import functools
 import importlib.util
 import inspect
 import re
@@ -26,7 +27,8 @@ def flat_module_name(module_name: str) -> str:
     return f"{parts[1]}_{parts[2]}"
 
 
-def _relative_imports(module_name: str, source: str) -> list[str]:
+@functools.cache  # the same modules are walked at every save and conversion: 0.3 s of each, most of it here
+def _relative_imports(module_name: str, source: str) -> tuple[str, ...]:
     package = module_name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -34,7 +36,7 @@ def _relative_imports(module_name: str, source: str) -> list[str]:
             if not node.module:
                 raise ValueError(f"{module_name}: 'from . import x' cannot be shipped; import names from a module")
             found.append(importlib.util.resolve_name("." * node.level + node.module, package))
-    return found
+    return tuple(found)
 
 
 def shipped_modules(*classes: type) -> dict[str, str]:
@@ -51,6 +53,7 @@ def shipped_modules(*classes: type) -> dict[str, str]:
     return sources
 
 
+@functools.cache  # read from the installed metadata: the same for the life of the process
 def fivefold_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -32,6 +32,9 @@ _LAZY = {
     "MixtureOfExpertsTrainer": "fivefold.loss_logging",
     "PreTrainingTrainer": "fivefold.loss_logging",
     "last_complete_checkpoint": "fivefold.resume",
+    "last_training_state": "fivefold.training_state",
+    "load_training_state": "fivefold.training_state",
+    "save_training_state": "fivefold.training_state",
 }
 
 
@@ -55,9 +58,12 @@ __all__ = [
     "convert",
     "export",
     "last_complete_checkpoint",
+    "last_training_state",
+    "load_training_state",
     "masked_lm_collator",
     "next_sentence_pairs",
     "push_folder",
+    "save_training_state",
     "verify",
     *sorted(_classes),
 ]

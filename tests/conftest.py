@@ -91,10 +91,9 @@ def smollm2_plain(tmp_path_factory):
     from filelock import FileLock
     from test_real_weights import smollm2_plain_folder
 
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's folder, above each worker's own
-    folder = shared / "smollm2-plain"
+    from helpers import shared_folder
+
+    folder = shared_folder(tmp_path_factory) / "smollm2-plain"
     with FileLock(str(folder) + ".lock"):
         if not (folder / "config.json").exists():
             smollm2_plain_folder(folder)

@@ -1,11 +1,12 @@
 """What several test files need: the tensors of a checkpoint folder, the tiny checkpoints stock generates from, a
-run of shipped code in a process that cannot import fivefold, and the conversion of a public-size checkpoint planned
-on the meta device.
+run of shipped code in a process that cannot import fivefold, the conversion of a public-size checkpoint planned
+on the meta device, and the run's temporary folder that every pytest-xdist worker shares.
 
 The conversion planner's internals are imported here only, so that moving them touches one test file.
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,12 @@ def stock_attention(stock_name: str, attn: str) -> str:
     """The kernel a stock class runs as `attn`: eager where stock has no sdpa (gpt-oss, whose sinks its sdpa
     cannot take; fivefold's sdpa takes them, and is compared with stock's eager)."""
     return "eager" if attn == "sdpa" and not getattr(transformers, stock_name)._supports_sdpa else attn
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """The run's temporary folder, the same for every pytest-xdist worker (each worker's own lies below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:

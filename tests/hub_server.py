@@ -84,8 +84,10 @@ class Fault:
     """What the server does instead of answering: `answer` is "500" or "429" (a status, 429 with Retry-After: 1),
     "drop" (half the body, then the connection closed: the response's for a GET, the request's for a POST), "slow"
     (no answer for `seconds`, then the connection closed) or "late" (the usual answer, `seconds` late), for requests
-    whose method is `method` and whose path holds `path`, the next `times` of them (-1: all)."""
+    whose method is `method` and whose path holds `/repo/` and `path`, the next `times` of them (-1: all). Faults of
+    different repos never meet another repo's requests: clients of different repos can run side by side."""
 
+    repo: str
     method: str
     path: str
     answer: str
@@ -100,7 +102,7 @@ class FrontHub:
         self.token, self.upstream, self.repos = token, upstream, {}
         self.fail_commits = False  # answer every commit with a server error
         self.faults: list[Fault] = []
-        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range header; ("STEP", name, None)
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range header
         self.arrivals: list[float] = []  # time.monotonic() of each request, in the same order
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -116,19 +118,16 @@ class FrontHub:
             self.requests.append((method, path, range_))
             self.arrivals.append(time.monotonic())
             for fault in self.faults:
-                if fault.method == method and fault.path in path and fault.times != 0:
+                if fault.method == method and f"/{fault.repo}/" in path and fault.path in path and fault.times != 0:
                     fault.times -= fault.times > 0
                     return fault
         return None
 
-    def requests_by_step(self) -> dict[str, list[tuple[str, str, str | None]]]:
-        steps, current = {}, None
-        for method, path, range_ in self.requests:
-            if method == "STEP":
-                current = steps[path] = []
-            elif current is not None:
-                current.append((method, path, range_))
-        return steps
+    def requests_for(self, repo_id: str) -> list[tuple[str, str, str | None, float]]:
+        """The requests whose path names `repo_id` (as its files' and its API's paths do), in order of arrival, each
+        with its arrival time."""
+        arrived = zip(self.requests, self.arrivals, strict=True)
+        return [(*request, t) for request, t in arrived if f"/{repo_id}/" in request[1]]
 
     def add_repo(self, repo_id: str, folder: Path) -> Repo:
         """A repo served from memory: the folder's files in one commit on main."""
@@ -309,13 +308,6 @@ def _handler(hub: FrontHub):
             parts, body = path.strip("/").split("/"), self._body()
             if path.startswith("/fivefold-test/fail-commits/"):  # the tests' switch for server errors
                 hub.fail_commits = path.endswith("/on")
-                return self._json(200, {})
-            if path == "/fivefold-test/step":  # a client's next step: its name (in the log) and its faults
-                step = json.loads(body)
-                with hub.lock:
-                    hub.faults = [Fault(**fault) for fault in step["faults"]]
-                    hub.requests.append(("STEP", step["name"], None))
-                    hub.arrivals.append(time.monotonic())
                 return self._json(200, {})
             if path == "/api/validate-yaml":
                 return self._json(200, {"errors": [], "warnings": []})

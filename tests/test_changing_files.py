@@ -5,11 +5,11 @@ the running model keeps the weights it loaded."""
 
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from launching import environment, python
 
 import fivefold
 from fivefold.modeling.owned_memory import own_file_backed_tensors
@@ -43,8 +43,10 @@ def test_shards_changed_after_the_load_never_crash_the_model(stock_checkpoint, t
     runs = {}
     for keep_mapped in (False, True):
         folder = fivefold.convert(src, tmp_path / f"mapped-{keep_mapped}", max_shard_size="20KB", progress=False)
-        args = [sys.executable, "-c", CHANGED_UNDER_THE_MODEL, str(folder), str(int(keep_mapped))]
-        runs[keep_mapped] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        args = [*python(warmed=True), "-c", CHANGED_UNDER_THE_MODEL, str(folder), str(int(keep_mapped))]
+        runs[keep_mapped] = subprocess.Popen(
+            args, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     copied, mapped = (runs[k].communicate(timeout=600) for k in (False, True))
     assert runs[False].returncode == 0, copied[1][-3000:]
     assert copied[0].split()[0] == "same"  # the weights it loaded, whatever happened to the files

@@ -10,13 +10,13 @@ transformers' `safe_open`) until the test has replaced the folder.
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from launching import environment, python
 from safetensors.torch import load_file
 
 import fivefold
@@ -86,8 +86,8 @@ def test_a_load_meets_its_folder_replaced_between_two_shards(two_models, tmp_pat
     flags.mkdir()
     fivefold.convert(root / "a", dst, max_shard_size=SHARD, progress=False)
     reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(dst), str(flags), str(tmp_path / "loaded.safetensors"), how],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [*python(warmed=True), "-c", READER, str(dst), str(flags), str(tmp_path / "loaded.safetensors"), how],
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -133,9 +133,10 @@ def test_two_saves_into_one_folder_at_once_leave_one_of_them_whole(two_models, t
     _, old, new = two_models
     dst, flags = tmp_path / "saved", tmp_path.parent / f"{tmp_path.name}-flags"
     flags.mkdir()
+    command, env = [*python(warmed=True), "-c", SAVER], environment()
     savers = [
         subprocess.Popen(
-            [sys.executable, "-c", SAVER, src, dst, flags], stderr=subprocess.PIPE, text=True, start_new_session=True
+            [*command, src, dst, flags], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         for src in (old, new)
     ]

@@ -1,106 +1,154 @@
-"""A warm Python for the docs' shell snippets: one server imports torch, transformers and fivefold once and forks a
-child for each call, so that a page's `fivefold` calls skip the start-up (`import fivefold` is 6-12 s on the 2-core
-machines: most of a CLI call's time; convert.md, vit.md and llama.md, twice each, took 269 s, 37 s so).
+"""A warm Python for the docs' shell snippets and the multi-process tests (tests/launching.py): one server imports
+torch, transformers and fivefold once and forks a child for each call, so that a page's `fivefold` calls and a
+test's ranks skip the start-up (`import fivefold` is 6-12 s on the 2-core machines: most of a CLI call's time;
+convert.md, vit.md and llama.md, twice each, took 269 s, 37 s so).
 
-`python warm_python.py serve SOCKET` is the server; `python warm_python.py call SOCKET ARGS...` runs `python ARGS...`
-(`-m MODULE ...` or `SCRIPT ...`) in a child of the server with the caller's working folder, environment and standard
-streams (passed as file descriptors), and exits with the child's exit code. A call whose environment differs from
-the server's in more than the shell's variables and PYTHONPATH runs a real interpreter
-instead: the imports read the environment once (OpenMP its thread count, huggingface_hub its offline flag), so a
-variable set later could be missed. The server never computes, so its children fork with no thread pool started.
-When the caller dies (a test's timeout kills its process group), its child exits."""
+`python warm_python.py serve SOCKET [MODULE ...]` is the server (it imports the modules, by default PRELOAD);
+`python warm_python.py call SOCKET ARGS...` runs `python ARGS...` (`-m MODULE ...`, `-c CODE ...` or `SCRIPT ...`) in a
+child of the server with the caller's working folder, environment and standard streams (passed as file
+descriptors), and ends as the child ends: with its exit code, or killed by the same signal (so that a launcher such
+as torchrun sees `Signal 9 (SIGKILL)` when a rank killed itself). A signal that would end the caller (SIGTERM,
+SIGINT, SIGHUP, SIGQUIT: torchrun stopping its workers) is passed on to the child first. A call whose environment
+differs from the server's in more than the shell's variables, PYTHONPATH and the variables a launcher gives each
+rank (RANK, MASTER_PORT, TORCHELASTIC_*, ...) runs a real interpreter instead: the imports read the environment once
+(OpenMP its thread count, huggingface_hub its offline flag), so a variable set later could be missed. The server
+never computes, so its children fork with no thread pool started, and its objects are frozen out of the garbage
+collector, so that a child's collections do not copy the pages they sit on. When the caller dies (a test's timeout
+kills its process group), its child is killed. Linux 5.3 or later (a pidfd watches the child)."""
 
 import atexit
+import gc
+import importlib
 import json
 import os
 import runpy
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 import traceback
 
 MAY_DIFFER = {
     *("PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PS4", "IFS", "OPTIND"),  # the shell's own
     "PYTHONPATH",  # applied to sys.path in the child
+    # What a launcher gives each rank (torchrun, tests/launching.py): read when the process group starts.
+    *("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    *("GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
 }
+MAY_DIFFER_PREFIXES = ("TORCHELASTIC_",)  # torchrun's restart count, run id, error file
 PRELOAD = ("torch", "transformers", "fivefold", "fivefold.cli")
+PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_SERVERS: dict[str, subprocess.Popen] = {}  # by socket path
 
 
-def start(env: dict) -> list[str]:
-    """Starts a server with this environment (stopped when this process exits); returns the command prefix that
-    runs `python ...` through it: `[*start(env), "-m", "fivefold", "demo"]`."""
+def start(env: dict, preload: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Starts a server with this environment that imports `preload` (stopped when this process exits); returns the
+    command prefix that runs `python ...` through it: `[*start(env), "-m", "fivefold", "demo"]`."""
     path = os.path.join(tempfile.mkdtemp(prefix="warm-python-"), "socket")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", path],
+        [sys.executable, __file__, "serve", path, *preload],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     atexit.register(stop, server, path)
+    _SERVERS[path] = server
+    while not os.path.exists(path) and server.poll() is None:  # bound at once; the calls then wait for the imports
+        time.sleep(0.01)
     return [sys.executable, __file__, "call", path]
+
+
+def close(prefix: list[str]) -> None:
+    """Stops the server `start` returned this prefix for, before this process exits."""
+    stop(_SERVERS.pop(prefix[-1]), prefix[-1])
 
 
 def stop(server: subprocess.Popen, path: str) -> None:
     if server.poll() is None:
-        os.killpg(server.pid, signal.SIGKILL)
+        os.killpg(server.pid, signal.SIGKILL)  # the server, its keepers and their children: one process group
         server.wait()
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def warm_enough(asked: dict, server: dict) -> bool:
     def fixed(env: dict) -> dict:
-        return {k: v for k, v in env.items() if k not in MAY_DIFFER}
+        return {k: v for k, v in env.items() if k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES)}
 
     return fixed(asked) == fixed(server)
 
 
-def serve(path: str) -> None:
+def serve(path: str, preload: list[str]) -> None:
     environment = dict(os.environ)  # before the imports, some of which set variables of their own
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)  # calls made during the imports wait in the backlog
-    for module in PRELOAD:
-        __import__(module)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    for module in preload:
+        importlib.import_module(module)
+    gc.freeze()  # what the imports made is never collected: a child's collections leave its pages shared
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     while True:
         connection, _ = server.accept()
         if os.fork() == 0:
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os._exit(run_call(connection, environment))
+            os._exit(keep(connection, environment))
         connection.close()
 
 
-def run_call(connection: socket.socket, environment: dict) -> int:
+def keep(connection: socket.socket, environment: dict) -> int:
+    """One call: forks the child that runs it, sends the caller the child's pid, then how the child ended (its wait
+    status); kills the child if the caller goes first."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 22, 3)
     request = json.loads(message)
     if not warm_enough(request["env"], environment):
         connection.sendall(b"cold")
         return 0
-    connection.sendall(b"warm")
+    child = os.fork()
+    if child == 0:
+        connection.close()
+        os._exit(run_call(request, fds))
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(b"warm" + struct.pack("!i", child))
+    status = wait_unless_abandoned(child, connection)
+    try:
+        connection.sendall(struct.pack("!i", status))
+    except OSError:
+        pass  # the caller is gone
+    return 0
+
+
+def wait_unless_abandoned(child: int, connection: socket.socket) -> int:
+    """The child's wait status; if the caller hangs up first (it died), the child is killed."""
+    pidfd = os.pidfd_open(child)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(connection, select.POLLIN)
+    while not any(fd == pidfd for fd, _ in poller.poll()):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # the caller never writes after its request: it died
+        poller.unregister(connection)
+    os.close(pidfd)
+    return os.waitpid(child, 0)[1]
+
+
+def run_call(request: dict, fds: list[int]) -> int:
     for fd, target in zip(fds, (0, 1, 2), strict=True):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    threading.Thread(target=exit_with_the_caller, args=(connection,), daemon=True).start()
     code = run_python(request["argv"], extra)
     atexit._run_exitfuncs()  # what a real interpreter runs on its way out
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    connection.sendall(bytes([code]))
     return code
-
-
-def exit_with_the_caller(connection: socket.socket) -> None:
-    if not connection.recv(1):  # the caller closed its end: it died
-        os._exit(137)
 
 
 def run_python(argv: list[str], path: list[str]) -> int:
@@ -110,6 +158,10 @@ def run_python(argv: list[str], path: list[str]) -> int:
             sys.argv = [argv[1], *argv[2:]]
             sys.path[:0] = ["", *path]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[:0] = ["", *path]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = list(argv)
             sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *path]
@@ -125,6 +177,13 @@ def run_python(argv: list[str], path: list[str]) -> int:
     return 0
 
 
+def _receive(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size and (part := connection.recv(size - len(data))):
+        data += part
+    return data
+
+
 def call(path: str, argv: list[str]) -> int:
     cold = [sys.executable, *argv]
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,15 +193,26 @@ def call(path: str, argv: list[str]) -> int:
         os.execv(sys.executable, cold)
     request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(connection, [request], [0, 1, 2])
-    if connection.recv(4) != b"warm":
+    answer = _receive(connection, 8)
+    if answer[:4] != b"warm":
         os.execv(sys.executable, cold)
-    code = connection.recv(1)
-    return code[0] if code else 1  # no code: the child died
+    child = struct.unpack("!i", answer[4:])[0]
+    for signum in PASSED_ON:
+        signal.signal(signum, lambda signum, frame: os.kill(child, signum))
+    status = _receive(connection, 4)
+    if not status:
+        return 1  # the keeper died
+    code = os.waitstatus_to_exitcode(struct.unpack("!i", status)[0])
+    if code < 0:  # killed by a signal: end the same way
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 if __name__ == "__main__":
     role, socket_path, *arguments = sys.argv[1:]
     if role == "serve":
-        serve(socket_path)
+        serve(socket_path, arguments or list(PRELOAD))
     else:
         sys.exit(call(socket_path, arguments))
