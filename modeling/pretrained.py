@@ -52,6 +52,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     experts_implementations: ClassVar[tuple[str, ...]] = ("eager",)
     # Where a device_map offloads experts: the cache that holds those recently used (modeling/expert_offload.py).
     expert_cache: Any = None
+    # Set on rank 0 while it writes a sharded model's weights, which every rank gathered before (_save_sharded).
+    _weights_gathered: bool = False
 
     # Weights are initialised by role in transformers' `_init_weights`, which every fivefold part satisfies:
     # linear and embedding ~ N(0, initializer_range) with zero bias and zero padding row, norms to identity;
@@ -180,10 +182,18 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
     def gather_sharded_state_dict_for_save(self, model_to_save, state_dict, distributed_config, **kwargs):
+        if self._weights_gathered:  # by every rank before rank 0 began to write (_save_sharded)
+            return state_dict
         state_dict = super().gather_sharded_state_dict_for_save(model_to_save, state_dict, distributed_config, **kwargs)
         if distributed_config is not None and distributed_config.ep_size > 1:
             return gather_experts(model_to_save, state_dict)
         return state_dict
+
+    def barrier_after_gathered_checkpoint_save(self, distributed_config) -> None:
+        """transformers' barrier after rank 0 wrote a sharded model: fivefold's sharded save ends with rank 0 telling
+        every rank how its write went instead (_save_sharded), which a failed write cannot leave them waiting in."""
+        if not self._weights_gathered:
+            super().barrier_after_gathered_checkpoint_save(distributed_config)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Saves under fivefold's tensor names with a flat copy of the modeling code and an `auto_map`, so that
@@ -196,22 +206,49 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
             kwargs["is_main_process"] = False
         in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes there
+        if self.converter is not None and not in_place and sharded_over_ranks(self.config):
+            return self._save_sharded(save_directory, *args, **kwargs)
         if self.converter is None or not kwargs.get("is_main_process", True) or in_place:
             return self._save_into(save_directory, *args, **kwargs)
+        self._save_whole(save_directory, *args, **kwargs)
+
+    def _save_whole(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """The folder written beside `save_directory` and swapped in whole, once the file system says it has room."""
         if kwargs.get("push_to_hub"):
             kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))  # not the temporary name
-        needed = self._weight_bytes() + self.converter.remote_code_bytes(type(self.config))
+        state_dict = kwargs.get("state_dict")
+        weights = _weight_bytes(self.state_dict() if state_dict is None else state_dict)
+        needed = weights + self.converter.remote_code_bytes(type(self.config))
         with self.converter.updated_folder(save_directory, needed=needed) as folder:
             self._save_into(folder, *args, **kwargs)
 
-    def _weight_bytes(self) -> int:
-        """The weights' bytes as saved (a tied tensor once): what the folder needs at least."""
-        seen = {}
-        for t in self.state_dict().values():
-            local = getattr(t, "_local_tensor", t)  # a DTensor counts its global size, keyed by its own shard
-            if local.device.type != "meta":
-                seen[local.data_ptr()] = t.numel() * t.element_size()
-        return sum(seen.values())
+    def _save_sharded(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """A model sharded over ranks (tensor, fully sharded or expert parallelism), which every rank saves: each
+        rank sends its shards to rank 0 first (transformers' gather, then the experts), then rank 0 alone writes the
+        folder as any save writes it and tells every rank how that went. A write that fails (a full disk) ends every
+        rank with its error, where transformers' barrier after the write kept the others waiting for good for a rank
+        that had left (a gather after a refused write, the same)."""
+        rank = torch.distributed.get_rank()
+        state_dict = kwargs.pop("state_dict", None)
+        state_dict = self.gather_sharded_state_dict_for_save(
+            self, self.state_dict() if state_dict is None else state_dict, self.config.distributed_config,
+            save_on_this_rank=rank == 0,
+        )  # fmt: skip
+        failure = None
+        if rank == 0:
+            self._weights_gathered = True
+            try:
+                self._save_whole(save_directory, *args, state_dict=state_dict, **kwargs)
+            except Exception as error:  # told to every rank, then raised here
+                failure = error
+            finally:
+                self._weights_gathered = False
+        outcome = [None if failure is None else str(failure)]
+        torch.distributed.broadcast_object_list(outcome, src=0)
+        if failure is not None:
+            raise failure
+        if outcome[0] is not None:
+            raise self.converter.ConversionError(f"rank 0 could not save {save_directory}: {outcome[0]}")
 
     def _save_into(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
@@ -220,3 +257,25 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             # Written before the weights so that push_to_hub uploads the code too.
             self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
         super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def sharded_over_ranks(config) -> bool:
+    """Whether the model is split over the ranks of a process group (tensor, fully sharded or expert parallelism),
+    so that every rank takes part in saving it: what transformers' barrier after a save waits for."""
+    layout = getattr(config, "distributed_config", None)
+    return (
+        layout is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and (layout.tp_size > 1 or layout.dp_size > 1 or layout.ep_size > 1)
+    )
+
+
+def _weight_bytes(state_dict: dict[str, torch.Tensor]) -> int:
+    """The weights' bytes as saved (a tied tensor once): what the folder needs at least."""
+    seen = {}
+    for t in state_dict.values():
+        local = getattr(t, "_local_tensor", t)  # a DTensor counts its global size, keyed by its own shard
+        if local.device.type != "meta":
+            seen[local.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
