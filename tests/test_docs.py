@@ -3,8 +3,9 @@ in order, then the page once more over what its first run left (a reader runs a 
 scratch folder /tmp/x moved into the test's temporary folder.
 
 The python snippets run in one interpreter for the whole module (tests/snippet_runner.py), each in a namespace of
-its own; shell snippets in a shell each, their `fivefold` calls answered by a warm interpreter (tests/warm_python.py:
-the start-up is most of a CLI call's time). Either kind is killed with its process group when it hangs."""
+its own; shell snippets in a shell each, their `fivefold` calls and the ranks their `torchrun` calls start answered
+by a warm interpreter (tests/warm_python.py: the start-up is most of a CLI call's time, and of a rank's). Either kind
+is killed with its process group when it hangs."""
 
 import json
 import os
@@ -77,16 +78,37 @@ def runner():
     interpreter.close()
 
 
+# `torchrun` on the shell snippets' PATH: torch's own launcher, its ranks children of the warm interpreter (the
+# training script goes after the server's call prefix, as tests/launching.py's torchrun_command puts it).
+TORCHRUN = """#!{python}
+import sys
+from torch.distributed.run import get_args_parser, main
+argv = sys.argv[1:]
+parsed = get_args_parser().parse_args(argv)
+if parsed.module or parsed.no_python:  # not a script torchrun runs with python: as given
+    main(argv)
+else:
+    at = len(argv) - len(parsed.training_script_args) - 1
+    main([*argv[:at], *{warm}, *argv[at:]])
+"""
+
+
 @pytest.fixture(scope="module")
 def shell_environment(tmp_path_factory):
-    """The shell snippets' environment: `fivefold` on their PATH runs through tests/warm_python.py, whose server
-    was started with this very environment (a call in any other runs a real interpreter)."""
-    shim = tmp_path_factory.mktemp("warm-python") / "fivefold"
+    """The shell snippets' environment: `fivefold` and `torchrun` on their PATH run through tests/warm_python.py,
+    whose server was started with this very environment (a call in any other runs a real interpreter). One OpenMP
+    thread a process, as the pages' multi-process snippets ask of their ranks (the thread count is read once, at
+    the server's imports)."""
+    shims = tmp_path_factory.mktemp("warm-python")
     env = environment()
-    env["PATH"] = f"{shim.parent}{os.pathsep}{env['PATH']}"
-    prefix = " ".join(f'"{part}"' for part in warm_python.start(env))
-    shim.write_text(f'#!/bin/sh\nexec {prefix} -m fivefold "$@"\n')
-    shim.chmod(0o755)
+    env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
+    env["OMP_NUM_THREADS"] = "1"
+    warm = warm_python.start(env)
+    prefix = " ".join(f'"{part}"' for part in warm)
+    (shims / "fivefold").write_text(f'#!/bin/sh\nexec {prefix} -m fivefold "$@"\n')
+    (shims / "torchrun").write_text(TORCHRUN.format(python=sys.executable, warm=warm[1:]))
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
     return env
 
 

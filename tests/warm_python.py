@@ -39,6 +39,7 @@ MAY_DIFFER = {
     # What a launcher gives each rank (torchrun, tests/launching.py): read when the process group starts.
     *("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
     *("GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",  # read by torchrun's agent for its rendezvous, never by a rank's imports
 }
 MAY_DIFFER_PREFIXES = ("TORCHELASTIC_",)  # torchrun's restart count, run id, error file
 PRELOAD = ("torch", "transformers", "fivefold", "fivefold.cli")
