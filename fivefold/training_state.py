@@ -3,23 +3,26 @@ step and every rank's random number generators, for a model sharded in any way t
 understands (FSDP2, expert parallelism, DDP, one process). Each rank writes its own part; nothing is gathered.
 
 Written whole or not at all: a save goes into `.checkpoint-N.partial` beside the earlier ones; once DCP has written
-every rank's part (its coordinator collects the ranks' results before it writes the metadata) and the ranks met at
-a barrier, rank 0 renames the folder `checkpoint-N` in one step, and the ranks leave the save together. A job killed
-during a save leaves the earlier checkpoints as they were and a partial folder that nothing reads (the next save
-removes it). `load_training_state` restores the highest `checkpoint-N`.
+every rank's part (its coordinator collects the ranks' results before it writes the metadata), rank 0 renames the
+folder `checkpoint-N` in one step and tells every rank how that went, so that the ranks leave the save together, with
+its error if rank 0's part of the work failed. A job killed during a save leaves the earlier checkpoints as they
+were and a partial folder that nothing reads (the next save removes it). `load_training_state` restores the highest
+`checkpoint-N`.
 
-Loading never runs code from the folder: DCP keeps the non-tensor values (the optimizer's hyperparameters, the
-scheduler's counters) as pickles and unpickles them with `weights_only=False`; here they are read with
+Loading never runs code from the folder: DCP reads its `.metadata` with a plain `pickle.load` and keeps the
+non-tensor values (the optimizer's hyperparameters, the scheduler's counters) as pickles it unpickles with
+`weights_only=False`. Here the metadata is first read with only the types it holds, and the values with
 `weights_only=True`, as fivefold reads every `.bin`."""
 
 import io
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,11 +47,6 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 @contextmanager
@@ -128,23 +126,47 @@ def save_training_state(
     rank, world = _rank_and_world()
     output_dir = Path(output_dir)
     final, partial = output_dir / f"{PREFIX}{step}", output_dir / f".{PREFIX}{step}{PARTIAL}"
-    if rank == 0:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        for stale in output_dir.glob(f".{PREFIX}*{PARTIAL}"):  # left by a job killed while saving
-            shutil.rmtree(stale)
-    _barrier()
-    state = _state(model, optimizer, scheduler) | {"rng": {f"rank{rank}": _rng_state()}}
+    _on_rank_0(lambda: _make_room(output_dir))
+    rng = _rng_state()
+    state = _state(model, optimizer, scheduler) | {"rng": {f"rank{rank}": rng}}
     with _one_process_is_fine():
         dcp.save(state, checkpoint_id=partial)  # each rank its part; returns once the metadata is written
-    if rank == 0:
-        _write_synced(partial / STATE, json.dumps({"step": step, "world_size": world}))
-    _barrier()  # every rank's part is on disk
-    if rank == 0:
+    about = {"step": step, "world_size": world, "generators": sorted(rng)}
+
+    def put_in_place() -> None:  # every rank's part is on disk: DCP's coordinator saw them before the metadata
+        _write_synced(partial / STATE, json.dumps(about))
         _put_in_place(partial, final)
         for _, old in _checkpoints(output_dir)[: -keep if keep else 0]:
             shutil.rmtree(old)
-    _barrier()  # nobody returns before the checkpoint can be seen
+
+    _on_rank_0(put_in_place)  # nobody returns before the checkpoint can be seen
     return final
+
+
+def _on_rank_0(work: Callable[[], None]) -> None:
+    """Runs `work` on rank 0 and tells every rank how it went: a failure there (a full disk, a permission) raises on
+    every rank, where a barrier after it would keep the others waiting for a rank that had left it."""
+    rank, world = _rank_and_world()
+    failure = None
+    if rank == 0:
+        try:
+            work()
+        except BaseException as error:  # told to every rank, then raised here
+            failure = error
+    if world > 1:
+        outcome = [None if failure is None else repr(failure)]
+        dist.broadcast_object_list(outcome, src=0)
+        if failure is None and outcome[0] is not None:
+            raise RuntimeError(f"rank 0 could not save the training state: {outcome[0]}")
+    if failure is not None:
+        raise failure
+
+
+def _make_room(output_dir: Path) -> None:
+    """The folder, without what jobs killed while saving left: partial checkpoints, and a checkpoint moved aside."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*output_dir.glob(f".{PREFIX}*{PARTIAL}"), *output_dir.glob(f".{PREFIX}*.old")]:
+        shutil.rmtree(stale)
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -176,6 +198,48 @@ class NotPlainData(ValueError):
     """A value in a training state that only a full unpickler could load."""
 
 
+# Every global DCP's `.metadata` pickle names (torch 2.13): its metadata classes, torch's size and layout lookups,
+# paths; and torch's dtypes, layouts and memory formats, taken by their type.
+_METADATA_GLOBALS = {
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in ("Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata")
+    ),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in ("ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    *(("pathlib", name) for name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only what a `.metadata` holds; any other global (a function a crafted pickle would call) is refused
+    before its module is imported."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        found = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+            return found
+        raise NotPlainData(
+            f"the training state's .metadata names {module}.{name}, which a checkpoint's metadata never holds, so it "
+            "is not loaded: it could run code"
+        )
+
+
+def _check_metadata(folder: Path) -> None:
+    """DCP reads `.metadata` with a plain `pickle.load`, which runs whatever the file names: it is read here first,
+    with only the types it can hold."""
+    with open(folder / ".metadata", "rb") as f:
+        _MetadataUnpickler(f).load()
+
+
 class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     """DCP's planner, with its pickled values read by `torch.load(weights_only=True)`."""
 
@@ -202,22 +266,32 @@ def load_training_state(
     On another number of ranks the weights and the optimizer are resharded, but the generators cannot be
     restored: a warning says so, and dropout and sampling then differ from an uninterrupted run."""
     rank, world = _rank_and_world()
-    folder = [last_training_state(output_dir)]
-    if world > 1:  # rank 0's choice: a file system slow to show a rename to every node must not split the ranks
-        dist.broadcast_object_list(folder, src=0)
-    folder = folder[0]
+    # Rank 0's choice and its reading of it: a file system slow to show a rename to every node must not split the
+    # ranks, and a rank that cannot read what rank 0 read must not leave the others in DCP's collectives.
+    chosen = [None, None]
+    if rank == 0:
+        folder = last_training_state(output_dir)
+        chosen = [folder, folder and json.loads((Path(folder) / STATE).read_text())]
+    if world > 1:
+        dist.broadcast_object_list(chosen, src=0)
+    folder, saved = chosen
     if folder is None:
         return 0
-    saved = json.loads((Path(folder) / STATE).read_text())
+    _check_metadata(Path(folder))
     state = _state(model, optimizer, scheduler)
+    generators = _rng_state()
     same_ranks = saved["world_size"] == world
-    if same_ranks:
-        state["rng"] = {f"rank{rank}": _rng_state()}
+    same_generators = saved.get("generators", sorted(generators)) == sorted(generators)
+    if same_ranks and same_generators:
+        state["rng"] = {f"rank{rank}": generators}
     elif rank == 0:
-        logger.warning(
-            f"{folder} was saved by {saved['world_size']} ranks and is loaded by {world}: the weights and the "
-            "optimizer are resharded, the random number generators are not restored"
+        why = (
+            f"was saved by {saved['world_size']} ranks and is loaded by {world}: the weights and the optimizer are "
+            "resharded"
+            if not same_ranks
+            else f"holds the generators {saved['generators']} and this process has {sorted(generators)}"
         )
+        logger.warning(f"{folder} {why}; the random number generators are not restored")
     try:
         with _one_process_is_fine():
             dcp.load(state, checkpoint_id=folder, planner=_WeightsOnlyLoadPlanner())
@@ -230,6 +304,6 @@ def load_training_state(
                    options=OPTIONS)  # fmt: skip
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
-    if same_ranks:
+    if "rng" in state:
         _set_rng_state(state["rng"][f"rank{rank}"])
     return saved["step"]

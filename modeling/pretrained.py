@@ -201,13 +201,13 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
-        # Under torch.distributed every rank calls this (sharded weights are gathered) and rank 0 writes: another
-        # rank writing code into a folder swapped in whole would replace rank 0's.
+        if self.converter is not None and not kwargs.get("distributed_checkpoint") and sharded_over_ranks(self.config):
+            return self._save_sharded(save_directory, *args, **kwargs)
+        # Under torch.distributed rank 0 writes: another rank writing code into a folder swapped in whole would
+        # replace rank 0's.
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
             kwargs["is_main_process"] = False
         in_place = kwargs.get("distributed_checkpoint") or os.path.isfile(save_directory)  # every rank writes there
-        if self.converter is not None and not in_place and sharded_over_ranks(self.config):
-            return self._save_sharded(save_directory, *args, **kwargs)
         if self.converter is None or not kwargs.get("is_main_process", True) or in_place:
             return self._save_into(save_directory, *args, **kwargs)
         self._save_whole(save_directory, *args, **kwargs)
@@ -226,24 +226,35 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         """A model sharded over ranks (tensor, fully sharded or expert parallelism), which every rank saves: each
         rank sends its shards to rank 0 first (transformers' gather, then the experts), then rank 0 alone writes the
         folder as any save writes it and tells every rank how that went. A write that fails (a full disk) ends every
-        rank with its error, where transformers' barrier after the write kept the others waiting for good for a rank
-        that had left (a gather after a refused write, the same)."""
+        rank with its error (the others with `ConversionError: rank 0 could not save ...`), where transformers' barrier
+        after the write kept them waiting for a rank that had left it (until the process group's timeout, or for
+        good while rank 0 lived on). Every decision that sends a rank another way is rank 0's, told to all."""
+        if getattr(self, "hf_quantizer", None) is not None:  # the same on every rank: refused before any collective
+            raise NotImplementedError(
+                f"{type(self).__name__} is quantized and sharded over ranks: saving it is not supported (the "
+                "quantizer's own state dict holds one rank's shards); save the model before quantizing it"
+            )
         rank = torch.distributed.get_rank()
+        writes = rank == 0 and kwargs.pop("is_main_process", True)
         state_dict = kwargs.pop("state_dict", None)
         state_dict = self.gather_sharded_state_dict_for_save(
             self, self.state_dict() if state_dict is None else state_dict, self.config.distributed_config,
-            save_on_this_rank=rank == 0,
+            save_on_this_rank=writes,
         )  # fmt: skip
         failure = None
-        if rank == 0:
+        if writes:
             self._weights_gathered = True
             try:
+                if os.path.isfile(save_directory):
+                    raise ValueError(f"{save_directory} is a file: save_pretrained writes a folder")
                 self._save_whole(save_directory, *args, state_dict=state_dict, **kwargs)
-            except Exception as error:  # told to every rank, then raised here
+            except BaseException as error:  # told to every rank, then raised here
                 failure = error
             finally:
                 self._weights_gathered = False
-        outcome = [None if failure is None else str(failure)]
+        outcome = [None]
+        if failure is not None:  # a ConversionError says what it is; anything else names its type
+            outcome = [str(failure) if isinstance(failure, self.converter.ConversionError) else repr(failure)]
         torch.distributed.broadcast_object_list(outcome, src=0)
         if failure is not None:
             raise failure

@@ -41,7 +41,7 @@ def old_dst(stock_checkpoint, tmp_path):
 # kills it there, so the kill always lands mid-write.
 KILLED_MID_WRITE = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import fivefold
     from fivefold.conversion import writer
 
@@ -50,7 +50,9 @@ KILLED_MID_WRITE = textwrap.dedent(
 
     def save_then_hang(tensors, path, metadata=None):
         real_save(tensors, path, metadata=metadata)
-        open(marker, "w").write(path)
+        with open(marker + ".part", "w") as f:  # renamed whole: the parent never reads a half-written marker
+            f.write(path)
+        os.replace(marker + ".part", marker)
         time.sleep(600)
 
     writer.save_file = save_then_hang
@@ -395,7 +397,7 @@ def test_save_pretrained_interrupted_keeps_the_old_folder(saved, monkeypatch):
 
 SAVE_KILLED_MID_WRITE = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import fivefold, transformers.modeling_utils as mu
 
     src, folder, marker = sys.argv[1:4]
@@ -404,7 +406,9 @@ SAVE_KILLED_MID_WRITE = textwrap.dedent(
 
     def save_then_hang(tensors, filename, metadata=None):
         real_save(tensors, filename, metadata=metadata)
-        open(marker, "w").write(filename)
+        with open(marker + ".part", "w") as f:
+            f.write(filename)
+        os.replace(marker + ".part", marker)
         time.sleep(600)
 
     mu.safe_save_file = save_then_hang

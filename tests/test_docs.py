@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import warm_python
+from launching import end
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -128,15 +129,16 @@ def test_page_snippets_run_twice_in_a_row(page, tmp_path, runner, shell_environm
 
 
 def run_in_own_group(command: list[str], cwd: Path, env: dict, timeout: float = TIMEOUT_S) -> tuple[int, str]:
-    """A snippet in a process group of its own, so that a hang (a launcher's ranks included) is killed whole and fails
-    the test rather than holding the pipes open."""
+    """A snippet in a process group of its own, so that a hang is ended whole and fails the test rather than holding
+    the pipes open: SIGTERM first, so that a torchrun in it stops its ranks (they run in sessions of their own, out
+    of the group's reach), SIGKILL after (launching.end)."""
     process = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
         _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        end([process])
         process.communicate()
         pytest.fail(f"snippet timed out after {timeout} s (a hang): {command[-1][:200]}")
     return process.returncode, stderr

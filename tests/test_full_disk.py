@@ -153,10 +153,11 @@ def test_save_pretrained_onto_a_full_disk(saved_on_a_small_disk, monkeypatch, sh
 
 @pytest.mark.slow
 def test_sharded_saves_onto_a_full_disk_end_every_rank(small_disk, converted, tmp_path):
-    """An expert-parallel and a fully sharded Mixtral saved by both of 2 gloo ranks onto a disk holding an earlier
-    save: refused before the write where the file system says it is too small, the kernel's ENOSPC where it does
-    not say. Rank 0 raises its one-line error and rank 1 the same, within the launch's timeout (transformers' barrier
-    after the write held rank 1 there for good); the old folder is left byte for byte, with no temporary folder."""
+    """An expert-parallel, a fully sharded and a tensor-parallel Mixtral saved by both of 2 gloo ranks onto a disk
+    holding an earlier save: refused before the write where the file system says it is too small, the kernel's ENOSPC
+    where it does not say. Rank 0 raises its one-line error and rank 1 the same, within the launch's timeout
+    (transformers' barrier after the write held rank 1 there while rank 0 lived on); a save no rank is to write
+    (`is_main_process=False`) writes nothing. The old folder is left byte for byte, with no temporary folder."""
     _, folder = converted("mixtral", "MixtralForCausalLM")
     disk = small_disk(4 * _bytes(folder))
     dst = disk / "saved"
@@ -164,7 +165,7 @@ def test_sharded_saves_onto_a_full_disk_end_every_rank(small_disk, converted, tm
     before = _snapshot(dst)
     _leave_free(disk, 0.5 * _bytes(folder))
     ranks = launch("sharded_save_full_disk", 2, tmp_path, {"checkpoint": str(folder), "dst": str(dst)}, timeout=180)
-    for layout in ("expert parallel", "fully sharded"):
+    for layout in ("expert parallel", "fully sharded", "tensor parallel"):
         refused, enospc = ranks[0][f"{layout}, refused"], ranks[0][f"{layout}, ENOSPC"]
         assert refused.startswith(f"ConversionError: not enough space to write {dst}: it needs at least "), refused
         assert f"were free on {dst.parent}; nothing was written there" in refused
@@ -173,6 +174,7 @@ def test_sharded_saves_onto_a_full_disk_end_every_rank(small_disk, converted, tm
         for case, message in ((f"{layout}, refused", refused), (f"{layout}, ENOSPC", enospc)):
             error = message.removeprefix("ConversionError: ")
             assert ranks[1][case] == f"ConversionError: rank 0 could not save {dst}: {error}", ranks[1][case]
+        assert ranks[0][f"{layout}, not written"] is None and ranks[1][f"{layout}, not written"] is None
     assert _snapshot(dst) == before and _leftovers(dst) == []
 
 

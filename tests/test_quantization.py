@@ -326,3 +326,25 @@ def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeyp
         experts = sum(3 * len(m.experts) for m in ours.modules() if isinstance(m, MixtureOfExperts))
         assert len(calls) >= len(quantized_modules(ours)) - experts, model_type  # the rest, and the experts chosen
         torch.testing.assert_close(got, reference, atol=0, rtol=0)
+
+
+def test_other_torchao_int8_holders_keep_torchaos_path():
+    """Only torchao's `Int8Tensor` takes fivefold's int8 linears: `IntxUnpackedToInt8Tensor` holds int8 data, scales
+    and a per-row block too, but under `Int8DynamicActivationIntxWeightConfig` it also quantizes the activations,
+    which the weight-only kernel would skip."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    from fivefold.modeling import int8
+
+    for config in (
+        IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)),
+        Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
+    ):
+        linear = torch.nn.Sequential(torch.nn.Linear(32, 16))
+        quantize_(linear, config)
+        weight = linear[0].weight
+        assert type(weight).__name__ == "IntxUnpackedToInt8Tensor" and weight.qdata.dtype == torch.int8
+        assert int8.int8_weight_parts(weight) is None and int8.int8_dynamic_parts(weight) is None
+        assert int8.int8_linear(torch.randn(3, 32), weight, None) is None

@@ -6,6 +6,7 @@ the data order)."""
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -202,12 +203,17 @@ class _SchedulerWithAnObject:
 
 
 def test_a_training_state_holding_code_is_refused(converted, tmp_path, monkeypatch):
-    """DCP keeps non-tensor values as pickles and would unpickle them with weights_only=False: a value that runs code
-    when unpickled (here it would create a file) is refused, naming it, and never runs."""
+    """DCP keeps non-tensor values as pickles and would unpickle them with weights_only=False, and reads its
+    `.metadata` with a plain pickle.load: a value, or a metadata file, that runs code when unpickled (here it would
+    create a file) is refused, naming it, and never runs."""
     marker = tmp_path / "ran"
     monkeypatch.setenv("FIVEFOLD_TEST_MARKER", str(marker))
     model, optimizer = _bare_training(converted("gpt2", "GPT2LMHeadModel")[1])
     fivefold.save_training_state(tmp_path / "state", 2, model, optimizer, _SchedulerWithAnObject())
     with pytest.raises(ValueError, match=r"'scheduler\.hook' in the training state is not plain data"):
         fivefold.load_training_state(tmp_path / "state", model, optimizer, _SchedulerWithAnObject())
+    fivefold.save_training_state(tmp_path / "crafted", 2, model, optimizer)
+    (tmp_path / "crafted" / "checkpoint-2" / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(ValueError, match=r"\.metadata names pathlib\.Path\.touch, which a checkpoint's metadata"):
+        fivefold.load_training_state(tmp_path / "crafted", model, optimizer)
     assert not marker.exists()
