@@ -2,22 +2,25 @@
 process inside a memory cgroup this script creates, so that every memory figure is a peak cgroup charge and every
 read that the limit pushes out of the page cache really reaches the disk.
 
-The reduced Mixtral (hidden 1024, 8 experts of width 3584, top-2, 4 layers, fp32: 1.6 GB) at two budgets, about a
-quarter and about half of the experts resident (`max_memory` = the always-resident parts + that share of the
-experts; the cgroup limit = `max_memory` + `--slack` for the interpreter and libraries), with two routers: stock's
-random init (close to uniform routing) and a skewed one whose router rows are scaled by a Zipf law, (e + 1) ** -1:
-expert popularity in trained MoEs is long-tailed (a few experts take most tokens, as measured on Mixtral and
-DeepSeek-MoE), and a Zipf law with exponent 1 is the simplest such tail; the shares it gives are printed. Contenders:
-stock with `device_map="auto"` + `max_memory` + `offload_folder`; fivefold with the cache off
-(`expert_cache_bytes=0`), with the cache (its default budget), with cache and prefetch; the whole model in memory
-(no limit) as the ceiling. Each greedily generates 32 tokens from a 32-token prompt and runs a 4 x 128 prefill.
+The reduced Mixtral (hidden 1024, 8 experts of width 3584, top-2, 4 layers, fp32: 1.6 GB), and a reduced
+Qwen3-MoE of the same sizes (whose stock experts are one fused module per layer, so that stock's device map can
+only offload a layer's experts whole), at two budgets, about a quarter and about half of the experts resident
+(`max_memory` = the always-resident parts + that share of the experts; the cgroup limit = `max_memory` + `--slack`
+for the interpreter and libraries), with two routers: stock's random init (close to uniform routing) and a skewed
+one whose router rows are scaled by a Zipf law, (e + 1) ** -1: expert popularity in trained MoEs is long-tailed (a
+few experts take most tokens, as measured on Mixtral and DeepSeek-MoE), and a Zipf law with exponent 1 is the
+simplest such tail. Contenders: stock with `device_map="auto"` + `max_memory` + `offload_folder`; fivefold with the
+cache off (`expert_cache_bytes=0`), with the cache (its default budget, LRU), with the frequency eviction, with
+cache and prefetch; the whole model in memory (no limit) as the ceiling. Each greedily generates 32 tokens from a
+32-token prompt and runs a 4 x 128 prefill.
 
 Reported: tokens/s, peak cgroup charge, bytes read from disk per generated token (`/proc/self/io`), hit rate,
 prefetch accuracy, load time, bytes written at load (the offload folder), whether the tokens are the ceiling's and
 the largest logit difference, and the floor: per token, the bytes fivefold's cache read at the disk bandwidth
 measured in this run, overlapped with the in-memory compute (the ceiling's time per token).
 
-    python benchmarks/offload.py            # as root, on a quiet machine: about 15 minutes on 2 cores
+    python benchmarks/offload.py            # as root, on a quiet machine: about 20 minutes on 2 cores
+    python benchmarks/offload.py --models mixtral   # one of them
     python benchmarks/offload.py --quick    # tiny sizes, one router, one budget, one fresh process: a smoke test
 """
 
@@ -41,6 +44,21 @@ QUICK = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2,
     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
 )  # fmt: skip
+
+
+def qwen3_moe(fields: dict) -> dict:
+    """The same sizes in Qwen3-MoE's fields: every layer sparse, the top-k renormalised (as Mixtral's)."""
+    renamed = {"intermediate_size": "moe_intermediate_size", "num_local_experts": "num_experts"}
+    out = {renamed.get(k, k): v for k, v in fields.items()}
+    return dict(out, head_dim=fields["hidden_size"] // fields["num_attention_heads"], norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[])  # fmt: skip
+
+
+# name: (stock class, fivefold class, fields from the Mixtral-named ones)
+MODELS = {
+    "mixtral": ("MixtralForCausalLM", "FivefoldMixtralForCausalLM", dict),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "FivefoldQwen3MoeForCausalLM", qwen3_moe),
+}
 CONTENDERS = {
     "stock": {},
     "fivefold, cache off": dict(expert_cache_bytes=0),
@@ -51,7 +69,7 @@ CONTENDERS = {
 MB = 1e6
 
 
-def zipf_router(model: transformers.MixtralForCausalLM) -> None:
+def zipf_router(model: transformers.PreTrainedModel) -> None:
     """Router rows scaled by (e + 1) ** -1: an expert with a larger row wins the top-k more often."""
     for layer in model.model.layers:
         scale = (torch.arange(layer.mlp.gate.weight.shape[0]) + 1.0) ** -1.0
@@ -75,10 +93,11 @@ def child(job: dict) -> dict:
     name = job["name"]
     kwargs = {} if name == "whole" else dict(device_map="auto", max_memory={"cpu": job["max_memory"]})
     offload = Path(job["offload"])
+    stock_name, fivefold_name, _ = MODELS[job["model"]]
     if name == "stock":
-        cls, folder, kwargs["offload_folder"] = transformers.MixtralForCausalLM, job["stock"], offload
+        cls, folder, kwargs["offload_folder"] = getattr(transformers, stock_name), job["stock"], offload
     else:
-        cls, folder = fivefold.FivefoldMixtralForCausalLM, job["fivefold"]
+        cls, folder = getattr(fivefold, fivefold_name), job["fivefold"]
         kwargs.update(CONTENDERS.get(name, {}))
         if name != "whole":
             kwargs["offload_folder"] = offload  # given, so that anything written would show
@@ -196,13 +215,14 @@ def run_contender(job: dict, limit: int | None, use_cgroup: bool, fresh: bool = 
 # --- the report ---------------------------------------------------------------------------------------------------
 
 
-def expert_bytes(config: dict) -> tuple[int, int]:
-    """(bytes of all the experts, bytes of everything else) of an fp32 Mixtral of these fields."""
-    names = ("hidden_size", "intermediate_size", "num_local_experts", "num_hidden_layers", "vocab_size")
-    c, f, e, layers, vocab = (config[k] for k in names)
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    attention = c * c * 2 + 2 * c * (c // heads * kv)
-    return 4 * layers * e * 3 * c * f, 4 * (2 * vocab * c + layers * (attention + e * c + 2 * c) + c)
+def expert_bytes(stock_class: type[transformers.PreTrainedModel], fields: dict) -> tuple[int, int]:
+    """(bytes of all the experts, bytes of everything else) of the fp32 stock model of these fields, counted on
+    the meta device."""
+    with torch.device("meta"):
+        model = stock_class(stock_class.config_class(**fields))
+    sizes = [(name, p.numel() * 4) for name, p in model.named_parameters()]
+    experts = sum(size for name, size in sizes if ".experts." in name)
+    return experts, sum(size for _, size in sizes) - experts
 
 
 def row(name: str, got: dict, whole: dict) -> list[str]:
@@ -228,25 +248,38 @@ def main() -> None:
         return
     parser = command_line(__doc__)
     parser.add_argument("--slack", type=float, default=700, help="MB of cgroup limit above max_memory (default 700)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     args = parse(parser)
-    fields = QUICK if args.quick else REDUCED
-    experts, others = expert_bytes(fields)
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
     threads = torch.get_num_threads()
     use_cgroup = cgroups_available()
-    lines = [
-        machine_line(f"cgroup: {'yes' if use_cgroup else 'NO (needs root and a memory cgroup)'}"),
-        "",
-        f"Mixtral {'tiny' if args.quick else 'reduced'}: experts {experts / MB:,.0f} MB, the rest {others / MB:,.0f}"
-        f" MB; greedy {shape['new']} tokens from a {shape['prompt']}-token prompt, prefill {shape['prefill']}.",
-    ]
+    lines = [machine_line(f"cgroup: {'yes' if use_cgroup else 'NO (needs root and a memory cgroup)'}")]
+    results = []
+    for model_name in args.models.split(","):
+        stock_name, _, named = MODELS[model_name]
+        stock_class = getattr(transformers, stock_name)
+        fields = named(QUICK if args.quick else REDUCED)
+        experts, others = expert_bytes(stock_class, fields)
+        lines += [
+            "",
+            f"{stock_name} {'tiny' if args.quick else 'reduced'}: experts {experts / MB:,.0f} MB, the rest"
+            f" {others / MB:,.0f} MB; greedy {shape['new']} tokens from a {shape['prompt']}-token prompt, prefill"
+            f" {shape['prefill']}.",
+        ]
+        results += model_rows(model_name, stock_class, fields, experts, others, shape, threads, use_cgroup, args, lines)
+    write_report(lines, args.out, args.json, results)
+
+
+def model_rows(model_name, stock_class, fields, experts, others, shape, threads, use_cgroup, args, lines) -> list:
+    """Runs every contender on one model, router and budget; appends the tables to `lines`; the chart's rows."""
     header = ["contender", "tok/s", "prefill tok/s", "peak MB", "read MB/token", "hit rate", "prefetch right",
               "load s", "written MB", "tokens = whole", "max logit diff"]  # fmt: skip
     results = []
     routers = (("random", None), ("skewed (Zipf)", zipf_router))
     for router, init in routers[:1] if args.quick else routers:
-        with checkpoints(transformers.MixtralForCausalLM, fields, init=init) as found:
+        with checkpoints(stock_class, fields, init=init) as found:
             job = dict(stock=str(found.stock_dir), fivefold=str(found.fivefold_dir), threads=threads, **shape)
+            job["model"] = model_name
             bandwidth = disk_bandwidth(found.fivefold_dir)
             whole = run_contender({**job, "name": "whole"}, None, use_cgroup, fresh=not args.quick)
             if "error" in whole:
@@ -260,23 +293,24 @@ def main() -> None:
                     for name, fresh in zip(CONTENDERS, (not args.quick, True, *[not args.quick] * 3), strict=True)
                 }
                 cached = runs["fivefold, cache"]
-                floor = max(1 / whole["tok_s"], cached.get("cache_read_per_token", 0) / bandwidth)
+                floor = max(1 / whole["tok_s"], (cached.get("cache_read_per_token") or 0) / bandwidth)
                 lines += [
                     "",
-                    f"Router {router}, {resident:.0%} of experts resident: max_memory {budget / MB:,.0f} MB, cgroup"
-                    f" limit {limit / MB:,.0f} MB; disk {bandwidth / MB:,.0f} MB/s; floor {1 / floor:.2f} tok/s"
-                    " (the cache's bytes per token at that bandwidth, overlapped with compute)",
+                    f"{stock_class.__name__}, router {router}, {resident:.0%} of experts resident: max_memory"
+                    f" {budget / MB:,.0f} MB, cgroup limit {limit / MB:,.0f} MB; disk {bandwidth / MB:,.0f} MB/s;"
+                    f" floor {1 / floor:.2f} tok/s (the cache's bytes per token at that bandwidth, overlapped with"
+                    " compute)",
                     "",
                 ]
                 rows = [row(name, got, whole) for name, got in runs.items()] + [row("whole in memory", whole, whole)]
                 lines += table(header, rows)
                 if "error" not in runs["stock"] and "error" not in cached:
                     results.append({
-                        "architecture": "mixtral", "benchmark": f"decode, {router}, {resident:.0%} resident",
+                        "architecture": model_name, "benchmark": f"decode, {router}, {resident:.0%} resident",
                         "unit": "tokens/s", "higher_is_better": True,
                         "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
                     })  # fmt: skip
-    write_report(lines, args.out, args.json, results)
+    return results
 
 
 if __name__ == "__main__":

@@ -13,3 +13,5 @@ class ExpertOffloadFields:
     expert_cache_eviction: str = "lru"
     # Read ahead, in the background, the experts the next MoE layer's router picks on the current hidden state.
     expert_prefetch: bool = False
+    # Read offloaded experts past the page cache (O_DIRECT); None: when the cache is on, which then holds them alone.
+    expert_direct_reads: bool | None = None

@@ -7,7 +7,9 @@ ago is always one of the layer about to run, and a model-wide LRU evicts exactly
 layer, consecutive tokens choosing the same experts (and popular experts) are what the LRU keeps.
 
 A hit costs nothing: the expert's parameters stay on the device while it is cached. A miss reads only that
-expert's tensors (from the checkpoint or CPU memory), evicting older ones of its layer until it fits. An expert
+expert's tensors (from the checkpoint or CPU memory), evicting older ones of its layer until it fits, and on the
+CPU reads them into the buffers of the experts it evicted (a layer's experts have the same sizes): fresh pages
+cost a page fault and a zeroing each, about 9 ms per 44 MB expert. An expert
 larger than its layer's share (a budget of 0 turns the cache off) is read for the call and dropped after it. Bytes
 read ahead by the prefetcher (prefetch.py) are reserved in the budget while they wait. (No shapes: whole tensors
 are moved here.)
@@ -59,18 +61,24 @@ class OffloadedExpert:
         self.nbytes = sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())  # on the device
         self.read_bytes = sum(source.nbytes for source in sources.values())  # from disk, per read
         self.flops_per_token = 2 * sum(shape.numel() for shape, _ in self.shapes.values())
+        self.owned: dict[str, torch.Tensor] = {}  # read buffers its parameters are views of, while materialized
 
     def __repr__(self) -> str:
         return f"OffloadedExpert({self.layer}.experts.{self.index})"
 
-    def read(self) -> dict[str, torch.Tensor]:
+    def read(self, spare: list[dict[str, torch.Tensor]] = ()) -> dict[str, torch.Tensor]:
         """Its tensors in CPU memory (pinned for an accelerator), in the dtypes of the module's parameters."""
-        return self.typed(self.fill(self.buffers()))
+        return self.typed(self.fill(self.buffers(spare)))
 
-    def buffers(self) -> dict[str, torch.Tensor | None]:
-        """Room for its stored bytes, allocated in the calling thread (see FileTensor.empty)."""
+    def buffers(self, spare: list[dict[str, torch.Tensor]] = ()) -> dict[str, torch.Tensor | None]:
+        """Room for its stored bytes, allocated in the calling thread (see FileTensor.empty), or taken from `spare`
+        (buffers evicted experts gave up) where one is large enough."""
         pin = self.device.type == "cuda" and torch.cuda.is_available()
-        return {name: source.empty(pin) for name, source in self.sources.items()}
+        room = {}
+        for name, source in self.sources.items():
+            given = next((b for b in spare if name in b and b[name].numel() >= source.capacity), None)
+            room[name] = given.pop(name) if given is not None and not pin else source.empty(pin)
+        return room
 
     def fill(self, buffers: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
         """Its tensors as stored, read into `buffers`; may run in a background thread (it allocates nothing)."""
@@ -79,17 +87,35 @@ class OffloadedExpert:
     def typed(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
-    def materialize(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+    def materialize(
+        self, tensors: dict[str, torch.Tensor], device: torch.device, buffers: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Puts the tensors on the module; `buffers`, those they were read into, are kept for `release` to hand on
+        where the parameters are views of them."""
+        self.owned = {}
         for name, tensor in tensors.items():
-            _set_parameter(self.module, name, tensor.to(device, non_blocking=True))
+            parameter = tensor.to(device, non_blocking=True)
+            _set_parameter(self.module, name, parameter)
+            buffer = (buffers or {}).get(name)
+            if buffer is not None and parameter.untyped_storage().data_ptr() == buffer.data_ptr():
+                self.owned[name] = buffer
 
-    def release(self) -> None:
+    def release(self) -> dict[str, torch.Tensor]:
+        """Back to meta; the read buffers its parameters were views of, free for another expert's read."""
         for name, (shape, dtype) in self.shapes.items():
             _set_parameter(self.module, name, torch.empty(shape, dtype=dtype, device="meta"))
+        owned, self.owned = self.owned, {}
+        return {name: buffer for name, buffer in owned.items() if _held_only_here(buffer)}
 
     @property
     def materialized(self) -> bool:
         return next(iter(self.module.parameters())).device.type != "meta"
+
+
+def _held_only_here(buffer: torch.Tensor) -> bool:
+    """Whether nothing but `buffer` holds its memory: a weight a user kept a reference to is never overwritten."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    return use_count is not None and use_count(buffer.untyped_storage()._cdata) <= 2  # buffer, and the storage asked
 
 
 def _set_parameter(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -112,6 +138,7 @@ class ExpertCache:
         self.cached: dict[str, OrderedDict[int, OffloadedExpert]] = {layer: OrderedDict() for layer in self.layers}
         self.used = dict.fromkeys(self.layers, 0)  # bytes on the device: cached plus reserved for reads ahead
         self.staged: dict[OffloadedExpert, Future] = {}
+        self.staged_buffers: dict[OffloadedExpert, dict] = {}  # what each read ahead fills
         self.transient: set[OffloadedExpert] = set()  # materialized for one call only
         self.prefetcher = None  # an ExpertPrefetcher, with config.expert_prefetch
         for expert in experts:  # those a device map placed on the device start cached, oldest first
@@ -143,21 +170,31 @@ class ExpertCache:
         self.stats.misses += 1
         future = self.staged.pop(expert, None)
         if future is not None:
+            buffers = self.staged_buffers.pop(expert)
             tensors = expert.typed(future.result())
             self.stats.prefetch_used += 1
             self.used[expert.layer] -= expert.nbytes  # the reservation becomes the entry
-        else:
-            tensors = expert.read()
-            self.stats.bytes_read += expert.read_bytes
-            if expert.device.type != "cpu" and compute_on_cpu(
-                tokens, expert.nbytes, expert.flops_per_token, self.costs
-            ):
-                expert.materialize(tensors, torch.device("cpu"))
-                self.transient.add(expert)
-                self.stats.cpu_calls += 1
-                return torch.device("cpu")
-        expert.materialize(tensors, expert.device)
-        if self._admits(expert) and self._room_for(expert.layer, expert.nbytes):
+            expert.materialize(tensors, expert.device, buffers)
+            return self._enter(expert, self._admits(expert) and self._room_for(expert.layer, expert.nbytes))
+        on_cpu = expert.device.type != "cpu" and compute_on_cpu(
+            tokens, expert.nbytes, expert.flops_per_token, self.costs
+        )
+        # Room first, so that the read goes into what the evicted experts leave.
+        spare: list[dict[str, torch.Tensor]] = []
+        admitted = not on_cpu and self._admits(expert) and self._room_for(expert.layer, expert.nbytes, spare=spare)
+        buffers = expert.buffers(spare)
+        tensors = expert.typed(expert.fill(buffers))
+        self.stats.bytes_read += expert.read_bytes
+        if on_cpu:
+            expert.materialize(tensors, torch.device("cpu"), buffers)
+            self.transient.add(expert)
+            self.stats.cpu_calls += 1
+            return torch.device("cpu")
+        expert.materialize(tensors, expert.device, buffers)
+        return self._enter(expert, admitted)
+
+    def _enter(self, expert: OffloadedExpert, admitted: bool) -> torch.device:
+        if admitted:
             self._insert(expert)
         else:
             self.transient.add(expert)
@@ -183,10 +220,12 @@ class ExpertCache:
             expert = self.experts.get((layer, index))
             if expert is None or index in lru or expert in self.staged:
                 continue
-            if not self._room_for(layer, expert.nbytes, keep):
+            spare: list[dict[str, torch.Tensor]] = []
+            if not self._room_for(layer, expert.nbytes, keep, spare):
                 return
             self.used[layer] += expert.nbytes
-            self.staged[expert] = pool.submit(expert.fill, expert.buffers())
+            self.staged_buffers[expert] = buffers = expert.buffers(spare)
+            self.staged[expert] = pool.submit(expert.fill, buffers)
             self.stats.prefetched += 1
             self.stats.bytes_read += expert.read_bytes
 
@@ -194,7 +233,7 @@ class ExpertCache:
         """Reads ahead that the layer did not use become its oldest entries: their bytes are already read."""
         for expert in [e for e in self.staged if e.layer == layer]:
             tensors = expert.typed(self.staged.pop(expert).result())
-            expert.materialize(tensors, expert.device)
+            expert.materialize(tensors, expert.device, self.staged_buffers.pop(expert))
             self.cached[layer][expert.index] = expert
             self.cached[layer].move_to_end(expert.index, last=False)
 
@@ -211,16 +250,18 @@ class ExpertCache:
             return True
         return self.eviction.admits(expert.layer, expert.index, self.eviction.victim(expert.layer, list(lru)))
 
-    def _room_for(self, layer: str, nbytes: int, keep: set[int] = frozenset()) -> bool:
+    def _room_for(self, layer: str, nbytes: int, keep: set[int] = frozenset(), spare: list | None = None) -> bool:
         """Evicts the layer's experts the policy picks (not those in `keep`) until `nbytes` more fit its share;
-        whether they do."""
+        whether they do. The evicted experts' read buffers go to `spare`."""
         lru = self.cached[layer]
         while self.used[layer] + nbytes > self.quota[layer]:
             candidates = [index for index in lru if index not in keep]
             if not candidates:
                 break
             evicted = lru.pop(self.eviction.victim(layer, candidates))
-            evicted.release()
+            freed = evicted.release()
+            if spare is not None:
+                spare.append(freed)
             self.used[layer] -= evicted.nbytes
             self.stats.evictions += 1
         return self.used[layer] + nbytes <= self.quota[layer]

@@ -9,8 +9,9 @@ The budget: `config.expert_cache_bytes` (an int, or a size such as "4GB"; 0 turn
 offloaded expert is read for every call, as accelerate does). By default it is what `max_memory` leaves on the
 execution device after everything resident there but the experts the cache manages, and at least the bytes of the
 experts the device map placed there (which start cached and may be evicted and read back from the checkpoint).
-`config.expert_prefetch` turns the reads ahead on. Every MoE layer (`MixtureOfExperts`) of any architecture is
-reached; nothing here knows which architecture it serves.
+`config.expert_prefetch` turns the reads ahead on. With the cache on, experts are read past the page cache
+(expert_store.py; `config.expert_direct_reads` says otherwise). Every MoE layer (`MixtureOfExperts`) of any
+architecture is reached; nothing here knows which architecture it serves.
 """
 
 import os
@@ -86,6 +87,11 @@ def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> E
         offloaded += _resident(layers, folders)
     if budget is None:
         budget = _default_budget(model, offloaded, max_memory)
+    direct = getattr(model.config, "expert_direct_reads", None)
+    for expert in offloaded:
+        for source in expert.sources.values():
+            if _on_disk(source):
+                source.direct = budget > 0 if direct is None else bool(direct)
     eviction = eviction_named(getattr(model.config, "expert_cache_eviction", "lru"))
     cache = ExpertCache(offloaded, budget, eviction=eviction)
     for expert in offloaded:

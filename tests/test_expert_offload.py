@@ -5,6 +5,7 @@ Every MoE architecture of the table (a row whose model has `MixtureOfExperts` la
 
 import os
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,6 +216,93 @@ def test_reads_ahead_evict_only_unguessed_experts_within_the_budget(tmp_path):
     cache.acquire(cache.experts[("l1", 4)], 1)  # the read ahead becomes an entry
     assert cache.cached_experts("l1") == [2, 0, 4] and cache.stats.prefetch_used == 1
     assert cache.bytes_cached == 6 * size // 2
+
+
+def test_an_evicted_experts_buffers_take_the_next_read_unless_a_user_holds_its_weights(tmp_path):
+    experts, _ = _layers_on_file(tmp_path)
+    cache = ExpertCache(experts, budget=4 * experts[0].nbytes)  # two experts a layer
+    first, second, third, fourth = (cache.experts[("l0", i)] for i in range(4))
+    for expert in (first, second):
+        cache.acquire(expert, 1)
+    buffers = {name: p.untyped_storage().data_ptr() for name, p in first.module.named_parameters()}
+    cache.acquire(third, 1)  # evicts `first`; its buffers take the read
+    assert cache.cached_experts("l0") == [1, 2] and not first.materialized
+    assert {name: p.untyped_storage().data_ptr() for name, p in third.module.named_parameters()} == buffers
+    for name, p in third.module.named_parameters():
+        assert torch.equal(p, third.sources[name].read())
+    kept = dict(second.module.named_parameters())  # a user keeps `second`'s weights, which is evicted next
+    values = {name: p.clone() for name, p in kept.items()}
+    cache.acquire(fourth, 1)
+    assert cache.cached_experts("l0") == [2, 3]
+    read = dict(fourth.module.named_parameters())
+    assert all(read[n].untyped_storage().data_ptr() != p.untyped_storage().data_ptr() for n, p in kept.items())
+    assert all(torch.equal(kept[name], values[name]) for name in kept)  # never overwritten
+    for name, p in fourth.module.named_parameters():
+        assert torch.equal(p, fourth.sources[name].read())
+
+
+def _large_tensors_file(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Tensors of 1.5 MB and more (read directly) at offsets that are no multiple of a page."""
+    tensors = {"a.small": torch.arange(7.0), "b.large": torch.randn(512, 768), "c.large": torch.randn(300, 1301)}
+    save_file(tensors, tmp_path / "large.safetensors")
+    return tmp_path / "large.safetensors", tensors
+
+
+def test_direct_reads_bypass_the_page_cache_and_equal_buffered_ones(tmp_path, monkeypatch):
+    file, tensors = _large_tensors_file(tmp_path)
+    header = read_header(file)
+    assert any(header[name].offset % 4096 for name in ("b.large", "c.large"))
+    flags, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *a: flags.append(flag) or real_open(path, flag, *a))
+    for name in ("b.large", "c.large"):
+        source = FileTensor(file, name, header[name])
+        source.direct = True
+        room = source.empty()
+        assert room.numel() >= source.nbytes + header[name].offset % 4096
+        got = source.read(into=room)
+        assert torch.equal(got, tensors[name]) and got.untyped_storage().data_ptr() == room.data_ptr()
+        assert source.direct and flags[-1] & os.O_DIRECT
+        buffered = FileTensor(file, name, header[name])
+        assert torch.equal(buffered.read(), tensors[name])
+    small = FileTensor(file, "a.small", header["a.small"])
+    small.direct = True
+    flags.clear()
+    assert torch.equal(small.read(), tensors["a.small"]) and not flags  # small tensors: buffered, through Python
+
+
+def test_a_file_system_refusing_direct_reads_is_read_through_the_page_cache(tmp_path, monkeypatch):
+    import errno
+
+    file, tensors = _large_tensors_file(tmp_path)
+    real_open = os.open
+
+    def no_direct(path, flag, *args):
+        if flag & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flag, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    source = FileTensor(file, "c.large")
+    source.direct = True
+    assert torch.equal(source.read(into=source.empty()), tensors["c.large"])
+    assert not source.direct  # asked once
+
+
+def test_generation_is_identical_when_every_expert_tensor_is_read_directly(moe_folder, monkeypatch):
+    from fivefold.modeling import expert_store
+
+    monkeypatch.setattr(expert_store, "_OWN_PAGES", 0)  # the tiny experts' tensors too
+    reads, real_preadv = [], os.preadv
+    monkeypatch.setattr(os, "preadv", lambda *args: reads.append(1) or real_preadv(*args))
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst).eval()
+    placed = _load(cls, dst, _odd_experts_on_disk(plain), expert_cache_bytes="1KB")  # misses on every call
+    inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
+    with torch.no_grad():
+        assert torch.equal(plain(**inputs).logits, placed(**inputs).logits)
+        want = plain.generate(**inputs, max_new_tokens=4, do_sample=False)
+        assert torch.equal(placed.generate(**inputs, max_new_tokens=4, do_sample=False), want)
+    assert reads and placed.expert_cache.stats.misses > 0
 
 
 def test_a_budget_of_zero_reads_every_call_and_keeps_nothing(tmp_path):
