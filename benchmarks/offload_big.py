@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=8, help="tokens generated (default 8)")
     args = parse(parser)
     fields = QUICK if args.quick else BIG
-    experts, others = expert_bytes(fields)
+    experts, others = expert_bytes(transformers.MixtralForCausalLM, fields)
     budget = int(others + 0.25 * experts) if args.quick else int(args.budget * GB)
     root = Path(args.folder or tempfile.mkdtemp(prefix="fivefold-big-"))
     stock, ours = root / "stock", root / "fivefold"
