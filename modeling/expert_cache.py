@@ -8,7 +8,8 @@ layer, consecutive tokens choosing the same experts (and popular experts) are wh
 
 A hit costs nothing: the expert's parameters stay on the device while it is cached. A miss reads only that
 expert's tensors (from the checkpoint or CPU memory), evicting older ones of its layer until it fits, and on the
-CPU reads them into the buffers of the experts it evicted (a layer's experts have the same sizes): fresh pages
+CPU (the execution device) reads them into the buffers of the experts it evicted (a layer's experts have the same
+sizes; an accelerator's pinned buffers are not reused): fresh pages
 cost a page fault and a zeroing each, about 9 ms per 44 MB expert. An expert
 larger than its layer's share (a budget of 0 turns the cache off) is read for the call and dropped after it. Bytes
 read ahead by the prefetcher (prefetch.py) are reserved in the budget while they wait. (No shapes: whole tensors
@@ -232,8 +233,8 @@ class ExpertCache:
     def _settle(self, layer: str) -> None:
         """Reads ahead that the layer did not use become its oldest entries: their bytes are already read."""
         for expert in [e for e in self.staged if e.layer == layer]:
-            tensors = expert.typed(self.staged.pop(expert).result())
-            expert.materialize(tensors, expert.device, self.staged_buffers.pop(expert))
+            buffers, future = self.staged_buffers.pop(expert), self.staged.pop(expert)
+            expert.materialize(expert.typed(future.result()), expert.device, buffers)
             self.cached[layer][expert.index] = expert
             self.cached[layer].move_to_end(expert.index, last=False)
 

@@ -12,7 +12,8 @@ buffer, the tensor a view into it). Under a memory limit that counts the page ca
 a cached expert read through the page cache is held twice, once by the cache and once by the page cache, and every
 miss first has the kernel reclaim pages for its read: the reduced Mixtral of benchmarks/offload.py at a quarter of
 its experts resident decoded 7.2-7.6 tokens/s through the page cache and 9.4-9.5 reading directly (Zen 4).
-A file system that refuses O_DIRECT (tmpfs) is read through the page cache.
+A file system that refuses O_DIRECT (tmpfs before Linux 6.6, ext4 with data=journal) is read through the page
+cache; tensors under 1 MiB always are.
 """
 
 import errno
@@ -102,7 +103,7 @@ class FileTensor:
         blocks once freed (its mmap threshold rises to the largest freed): a cache reading and evicting experts
         then grew the process by hundreds of MB over its budget, OOM-killed at the benchmark's cgroup limit."""
         if pin_memory or self.nbytes < _OWN_PAGES:
-            return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+            return torch.empty(self.capacity, dtype=torch.uint8, pin_memory=pin_memory)
         pages = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             pages.madvise(mmap.MADV_HUGEPAGE)
@@ -118,7 +119,7 @@ class FileTensor:
                 if os.fstat(f.fileno()).st_size < self.entry.offset + self.nbytes:
                     raise ExpertReadError(f"{self.path} is truncated: tensor {self.name} lies past its end")
                 out = self.empty(pin_memory) if into is None else into
-                skip, got = self._read_direct(out) if self._reads_directly(out) else (0, None)
+                skip, got = self._read_direct(f, out) if self._reads_directly(out) else (0, None)
                 if got is None:
                     f.seek(self.entry.offset)
                     got = f.readinto(memoryview(out[: self.nbytes].numpy()))
@@ -141,22 +142,28 @@ class FileTensor:
             and self.entry.offset % self.entry.dtype.itemsize == 0
         )
 
-    def _read_direct(self, out: torch.Tensor) -> tuple[int, int | None]:
-        """Reads the whole pages holding the tensor into `out`, bypassing the page cache: (where the tensor starts in
-        `out`, its bytes read); (0, None) where the file system refuses O_DIRECT."""
+    def _read_direct(self, f, out: torch.Tensor) -> tuple[int, int | None]:
+        """Reads the whole pages holding the tensor into `out`, bypassing the page cache, from the file `f` has open
+        (whose header was checked): (where the tensor starts in `out`, its bytes read); (0, None) where the file
+        system refuses O_DIRECT."""
         start = self.entry.offset // _PAGE * _PAGE
         skip = self.entry.offset - start
         size = -(-(skip + self.nbytes) // _PAGE) * _PAGE
         view, done, fd = memoryview(out.numpy())[:size], 0, None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            opened, checked = os.fstat(fd), os.fstat(f.fileno())
+            if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino):
+                raise ExpertReadError(
+                    f"{self.path} changed since the model was loaded: it was replaced while tensor {self.name} was read"
+                )
             while done < size:  # short only at the end of the file
                 got = os.preadv(fd, [view[done:]], start + done)
                 done += max(got, 0)
                 if got <= 0 or got % _PAGE:
                     break
         except OSError as error:
-            if error.errno != errno.EINVAL:
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
             self.direct = False
             return 0, None
@@ -169,7 +176,7 @@ class FileTensor:
 class MemoryTensor:
     """A tensor already in CPU memory (an expert placed on "cpu" while the model runs on an accelerator)."""
 
-    nbytes = 0  # nothing is read from a disk
+    nbytes = capacity = 0  # nothing is read from a disk
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor

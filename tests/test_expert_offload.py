@@ -248,30 +248,90 @@ def _large_tensors_file(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
     return tmp_path / "large.safetensors", tensors
 
 
-def test_direct_reads_bypass_the_page_cache_and_equal_buffered_ones(tmp_path, monkeypatch):
-    file, tensors = _large_tensors_file(tmp_path)
+def _skip_without_direct_reads(file: Path) -> None:
     try:
         os.close(os.open(file, os.O_RDONLY | os.O_DIRECT))
     except OSError:
-        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT (the next test covers that case)")
+        pytest.skip(f"the file system of {file.parent} refuses O_DIRECT (a test below covers that case)")
+
+
+def test_direct_reads_bypass_the_page_cache_and_equal_buffered_ones(tmp_path, monkeypatch):
+    from fivefold.modeling.expert_store import _PAGE
+
+    file, tensors = _large_tensors_file(tmp_path)
+    _skip_without_direct_reads(file)
     header = read_header(file)
-    assert any(header[name].offset % 4096 for name in ("b.large", "c.large"))
+    assert any(header[name].offset % _PAGE for name in ("b.large", "c.large"))
     flags, real_open = [], os.open
     monkeypatch.setattr(os, "open", lambda path, flag, *a: flags.append(flag) or real_open(path, flag, *a))
     for name in ("b.large", "c.large"):
+        flags.clear()
         source = FileTensor(file, name, header[name])
         source.direct = True
         room = source.empty()
-        assert room.numel() >= source.nbytes + header[name].offset % 4096
+        assert room.numel() >= source.nbytes + header[name].offset % _PAGE
         got = source.read(into=room)
         assert torch.equal(got, tensors[name]) and got.untyped_storage().data_ptr() == room.data_ptr()
-        assert source.direct and flags[-1] & os.O_DIRECT
+        assert source.direct and [bool(flag & os.O_DIRECT) for flag in flags] == [True]
         buffered = FileTensor(file, name, header[name])
         assert torch.equal(buffered.read(), tensors[name])
     small = FileTensor(file, "a.small", header["a.small"])
     small.direct = True
     flags.clear()
     assert torch.equal(small.read(), tensors["a.small"]) and not flags  # small tensors: buffered, through Python
+
+
+def test_a_file_replaced_between_its_header_check_and_a_direct_read_is_a_clear_error(tmp_path, monkeypatch):
+    file, _ = _large_tensors_file(tmp_path)
+    _skip_without_direct_reads(file)
+    source = FileTensor(file, "c.large")
+    source.direct = True
+    real_open = os.open
+
+    def replaced_first(path, flag, *args):  # another layout renamed over the file once its header was read
+        if flag & os.O_DIRECT:
+            save_file({"c.large": torch.zeros(300, 1301), "a.small": torch.arange(7.0)}, tmp_path / "other")
+            os.replace(tmp_path / "other", file)
+        return real_open(path, flag, *args)
+
+    monkeypatch.setattr(os, "open", replaced_first)
+    with pytest.raises(ExpertReadError, match=f"{file} changed since the model was loaded: it was replaced"):
+        source.read(into=source.empty())
+
+
+def test_recycled_buffers_take_direct_reads_of_tensors_at_other_offsets(tmp_path):
+    """Experts of 1.5 MB and more, read directly: each lies at its own offset within its first page, and a buffer
+    one evicted expert leaves serves the next, whatever its offset."""
+    torch.manual_seed(0)
+    spec = MoESpec(hidden_size=512, expert_size=520, num_experts=4, top_k=2)
+    moe = MixtureOfExperts(spec)
+    tensors = {f"e{e}.{n}": p.detach().clone() for e, x in enumerate(moe.experts) for n, p in x.named_parameters()}
+    for e in range(len(moe.experts)):  # after each expert (names in order), shifting the next within its page
+        tensors[f"e{e}.zpad"] = torch.arange(3.0 + e)
+    save_file(tensors, tmp_path / "experts.safetensors")
+    _skip_without_direct_reads(tmp_path / "experts.safetensors")
+    header = read_header(tmp_path / "experts.safetensors")
+    experts = []
+    for e, expert in enumerate(moe.experts):
+        sources = {n: FileTensor(tmp_path / "experts.safetensors", f"e{e}.{n}", header[f"e{e}.{n}"]) for n, _ in
+                   expert.named_parameters()}  # fmt: skip
+        for source in sources.values():
+            source.direct = True
+        experts.append(OffloadedExpert(expert, "l0", e, sources, torch.device("cpu")))
+        experts[-1].release()
+    assert len({s.entry.offset % 4096 for e in experts for s in e.sources.values()}) > 1
+    assert min(s.nbytes for e in experts for s in e.sources.values()) >= 1 << 20  # read directly
+    cache = ExpertCache(experts, budget=experts[0].nbytes)  # one expert at a time: every miss after the first evicts
+    storages = set()
+    for index in (0, 1, 2, 3, 1, 0):
+        expert = cache.experts[("l0", index)]
+        cache.acquire(expert, 1)
+        for name, p in expert.module.named_parameters():
+            assert torch.equal(p, tensors[f"e{index}.{name}"])
+            storages.add(p.untyped_storage().data_ptr())
+        del p  # a weight still referenced here would (rightly) keep its buffer from being reused
+        cache.done(expert)
+    assert cache.stats.misses == 6 and len(storages) == len(experts[0].sources)  # one expert's buffers, reused
 
 
 def test_a_file_system_refusing_direct_reads_is_read_through_the_page_cache(tmp_path, monkeypatch):
@@ -299,6 +359,7 @@ def test_generation_is_identical_when_every_expert_tensor_is_read_directly(moe_f
     reads, real_preadv = [], os.preadv
     monkeypatch.setattr(os, "preadv", lambda *args: reads.append(1) or real_preadv(*args))
     _, cls, dst = moe_folder
+    _skip_without_direct_reads(next(Path(dst).glob("*.safetensors")))
     plain = cls.from_pretrained(dst).eval()
     placed = _load(cls, dst, _odd_experts_on_disk(plain), expert_cache_bytes="1KB")  # misses on every call
     inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
