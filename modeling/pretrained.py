@@ -201,6 +201,11 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         swapped in whole (the converter's `updated_folder`): a save killed midway leaves the old folder."""
         # transformers' default re-saves under the stock names of any registered conversion: never what we want.
         kwargs.setdefault("save_original_format", False)
+        if getattr(self, "_pp_stage", None) is not None:  # the same on every rank: refused before anything is written
+            raise NotImplementedError(
+                f"{type(self).__name__} is split into pipeline stages (pp_size > 1): each rank holds only its own "
+                "stage's layers, so a save would write a partial checkpoint; save the model loaded without pp_size"
+            )
         if self.converter is not None and not kwargs.get("distributed_checkpoint") and sharded_over_ranks(self.config):
             return self._save_sharded(save_directory, *args, **kwargs)
         # Under torch.distributed rank 0 writes: another rank writing code into a folder swapped in whole would

@@ -39,3 +39,4 @@ def test_pipeline_parallel_equals_one_process_or_is_refused(tmp_path):
             assert r["layers"] < 2, (name, r)  # each stage holds its own share of the layers
             assert r["logits"] <= 1e-5, (name, r)
             assert r["same_tokens"], (name, r)
+            assert "split into pipeline stages" in r["save"] and not r["save_wrote"], (name, r)

@@ -32,6 +32,12 @@ for arch in ARCHITECTURES:
     layers = sum(not isinstance(layer, torch.nn.Identity) for layer in split.model.layers)
     with torch.no_grad():
         entry = {"refused": None, "layers": layers, "logits": max_diff(split(**batch).logits, single(**batch).logits)}
+        try:  # a stage holds a share of the layers: saving it must not write a partial checkpoint
+            split.save_pretrained(folder / f"{cls.__name__}-saved")
+            entry["save"] = "saved"
+        except NotImplementedError as error:
+            entry["save"] = str(error)
+        entry["save_wrote"] = (folder / f"{cls.__name__}-saved").exists()
         if cls.can_generate():
             prompt = {k: batch[k] for k in ("input_ids", "attention_mask")}
             entry["same_tokens"] = torch.equal(split.generate(**prompt, **GREEDY), single.generate(**prompt, **GREEDY))
