@@ -34,6 +34,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from fivefold.modeling.rank_zero import on_rank_0
+
 logger = logging.getLogger(__name__)
 PREFIX, PARTIAL = "checkpoint-", ".partial"
 STATE = "training_state.json"  # the step and the world size; rank 0 writes it last, before the rename
@@ -144,22 +146,7 @@ def save_training_state(
 
 
 def _on_rank_0(work: Callable[[], None]) -> None:
-    """Runs `work` on rank 0 and tells every rank how it went: a failure there (a full disk, a permission) raises on
-    every rank, where a barrier after it would keep the others waiting for a rank that had left it."""
-    rank, world = _rank_and_world()
-    failure = None
-    if rank == 0:
-        try:
-            work()
-        except BaseException as error:  # told to every rank, then raised here
-            failure = error
-    if world > 1:
-        outcome = [None if failure is None else repr(failure)]
-        dist.broadcast_object_list(outcome, src=0)
-        if failure is None and outcome[0] is not None:
-            raise RuntimeError(f"rank 0 could not save the training state: {outcome[0]}")
-    if failure is not None:
-        raise failure
+    on_rank_0(work, lambda said: RuntimeError(f"rank 0 could not save the training state: {said}"))
 
 
 def _make_room(output_dir: Path) -> None:

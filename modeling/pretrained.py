@@ -20,6 +20,7 @@ from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-pa
 from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
+from .rank_zero import on_rank_0
 from .rotary import RotaryEmbedding
 
 
@@ -246,25 +247,24 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             self, self.state_dict() if state_dict is None else state_dict, self.config.distributed_config,
             save_on_this_rank=writes,
         )  # fmt: skip
-        failure = None
-        if writes:
+
+        def write() -> None:
+            if not writes:
+                return
             self._weights_gathered = True
             try:
                 if os.path.isfile(save_directory):
                     raise ValueError(f"{save_directory} is a file: save_pretrained writes a folder")
                 self._save_whole(save_directory, *args, state_dict=state_dict, **kwargs)
-            except BaseException as error:  # told to every rank, then raised here
-                failure = error
             finally:
                 self._weights_gathered = False
-        outcome = [None]
-        if failure is not None:  # a ConversionError says what it is; anything else names its type
-            outcome = [str(failure) if isinstance(failure, self.converter.ConversionError) else repr(failure)]
-        torch.distributed.broadcast_object_list(outcome, src=0)
-        if failure is not None:
-            raise failure
-        if outcome[0] is not None:
-            raise self.converter.ConversionError(f"rank 0 could not save {save_directory}: {outcome[0]}")
+
+        def said(error: BaseException) -> str:  # a ConversionError says what it is; anything else names its type
+            return str(error) if isinstance(error, self.converter.ConversionError) else repr(error)
+
+        on_rank_0(
+            write, lambda told: self.converter.ConversionError(f"rank 0 could not save {save_directory}: {told}"), said
+        )
 
     def _save_into(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         # A class loaded as remote code has `_auto_class` set, and transformers copies its (flat) files itself.
