@@ -45,9 +45,8 @@ def _is_int8_tensor(weight: torch.Tensor) -> bool:
     return type(weight).__name__ == "Int8Tensor"
 
 
-def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(qdata [O, C] int8, scale [O]) of a torchao per-row, symmetric, weight-only int8 weight; None for any other
-    weight (dynamic activation quantization, groups, zero points, pre-scales, other tensor subclasses)."""
+def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(qdata [O, C] int8, scale [O]) of an `Int8Tensor` quantized per row and symmetrically; None otherwise."""
     if not _is_int8_tensor(weight):
         return None
     qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
@@ -59,12 +58,18 @@ def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
         or list(getattr(weight, "block_size", [])) != [1, qdata.shape[1]]
     ):
         return None
-    if any(getattr(weight, name, None) is not None for name in ("act_quant_kwargs", "act_pre_scale")):
-        return None
     zero_point = getattr(weight, "zero_point", None)
     if zero_point is not None and bool(zero_point.any()):
         return None
     return qdata, scale.reshape(-1)
+
+
+def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(qdata [O, C] int8, scale [O]) of a torchao per-row, symmetric, weight-only int8 weight; None for any other
+    weight (dynamic activation quantization, groups, zero points, pre-scales, other tensor subclasses)."""
+    if any(getattr(weight, name, None) is not None for name in ("act_quant_kwargs", "act_pre_scale")):
+        return None
+    return _per_row_int8(weight)
 
 
 @functools.lru_cache(maxsize=64)
@@ -108,11 +113,8 @@ def int8_dynamic_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     and symmetrically, as `Int8DynamicActivationInt8WeightConfig()` makes them; None for any other weight (a
     static activation scale, a pre-scale, a reduced range, asymmetric activations or weights, groups, other tensor
     subclasses)."""
-    if not _is_int8_tensor(weight):
-        return None
     kwargs = getattr(weight, "act_quant_kwargs", None)
-    qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
-    if kwargs is None or not (isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor)):
+    if kwargs is None:
         return None
     granularity = getattr(kwargs, "granularity", None)
     if (
@@ -124,14 +126,7 @@ def int8_dynamic_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
         or any(getattr(weight, name, None) is not None for name in ("act_quant_scale", "act_pre_scale"))
     ):
         return None
-    if qdata.dtype != torch.int8 or qdata.dim() != 2 or scale.numel() != qdata.shape[0]:
-        return None
-    if list(getattr(weight, "block_size", [])) != [1, qdata.shape[1]]:
-        return None
-    zero_point = getattr(weight, "zero_point", None)
-    if zero_point is not None and bool(zero_point.any()):
-        return None
-    return qdata, scale.reshape(-1)
+    return _per_row_int8(weight)
 
 
 # torchao's floor under an activation row's scale (Int8Tensor.from_hp), and the half-range its scale divides by.
