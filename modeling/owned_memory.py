@@ -6,7 +6,6 @@ weights. Copying them out at load costs one memcpy of the weights and makes thei
 what it allocates (torch's bf16 int8 kernel needs it: int8.py)."""
 
 import ctypes
-import ctypes.util
 
 import torch
 from torch import nn
@@ -66,7 +65,6 @@ def return_freed_memory() -> None:
     loader's threads: the reduced Mixtral of benchmarks/quantized.py under torchao int8 held 2.2-2.7 GB of anonymous
     memory after the load, 0.9 GB after the trim (its int8 weights are 0.6 GB). A no-op where the C library has
     no `malloc_trim` (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: no library search
     if trim is not None:
         trim(0)
