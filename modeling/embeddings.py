@@ -10,8 +10,22 @@ import torch
 from torch import nn
 
 from .input_checks import check_embeds_tensor, check_token_tensor
+from .int8 import int8_embedding
 from .norms import build_norm
 from .tracing import eager_only
+
+
+class Embedding(nn.Embedding):
+    """A drop-in `nn.Embedding` (same parameter, name and checkpoint layout) that reads a quantizer's int8 table
+    row by row where int8.py allows, instead of dequantizing all of it at every call."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # Plain ids only: a tracer's proxy takes nn.Embedding's path.
+        if type(ids) is torch.Tensor and type(self.weight) not in (torch.Tensor, nn.Parameter):
+            looked_up = int8_embedding(ids, self.weight)
+            if looked_up is not None:
+                return looked_up
+        return super().forward(ids)
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,7 @@ class TokenEmbeddings(nn.Module):
     def __init__(self, spec: EmbeddingSpec):
         super().__init__()
         self.spec = spec
-        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.padding_idx)
+        self.word_embeddings = Embedding(spec.vocab_size, spec.hidden_size, padding_idx=spec.padding_idx)
         position_padding = spec.padding_idx if spec.positions_after_padding else None
         self.position_embeddings = (
             nn.Embedding(spec.max_positions, spec.hidden_size, padding_idx=position_padding)

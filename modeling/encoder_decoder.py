@@ -31,6 +31,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import Attention, CrossAttention
 from .batching import ContinuousBatching
 from .block import Block
+from .embeddings import Embedding
 from .heads import HeadSpec
 from .kernels import cross_mask, relative_bias_mask
 from .losses import check_labels, cross_entropy, tokens_shape
@@ -131,7 +132,7 @@ class EncoderDecoderBase(EncoderDecoderPreTrainedModel, TaskModel):
         super().__init__(config)
         recipe = self.recipe(config)
         self._tied_weights_keys = {f"{s}.embeddings.word_embeddings.weight": "shared.weight" for s in self.stacks}
-        self.shared = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.shared = Embedding(config.vocab_size, config.hidden_size)
         for name in self.stacks:
             self.add_module(name, self.stack_class(config, getattr(recipe, name)))
         self.add_heads(config, recipe.heads, config.hidden_size)

@@ -19,7 +19,14 @@ from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
-from .quantization import check_quantized, drop_quantization_only, prepare_for_quantizer
+from .quantization import (
+    check_quantized,
+    drop_quantization_only,
+    prepare_for_quantizer,
+    quantize_embeddings,
+    without_tied_quantized_copies,
+)
+from .quantized_loading import read_through_pread, reads_one_tensor_at_a_time
 from .rank_zero import on_rank_0
 from .rotary import RotaryEmbedding
 
@@ -117,6 +124,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         else:
             loaded = cls._load_whole_folder(name, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
+        quantize_embeddings(model)
         check_quantized(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
         if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
@@ -156,6 +164,16 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
+        """transformers' loading of the weights; a quantizer quantizing at load reads the shards through `pread`,
+        one tensor at a time (quantized_loading.py)."""
+        load = PreTrainedModel._load_pretrained_model
+        if not reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
+            return load(model, state_dict, checkpoint_files, load_config, expected_keys)
+        with read_through_pread(checkpoint_files) as read:
+            return load(model, read, checkpoint_files, load_config, expected_keys)
 
     def init_parallel_plans(self) -> None:
         super().init_parallel_plans()
@@ -272,7 +290,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             os.makedirs(save_directory, exist_ok=True)
             # Written before the weights so that push_to_hub uploads the code too.
             self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
-        super().save_pretrained(save_directory, *args, **kwargs)
+        with without_tied_quantized_copies(self):
+            super().save_pretrained(save_directory, *args, **kwargs)
 
 
 def sharded_over_ranks(config) -> bool:

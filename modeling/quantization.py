@@ -7,8 +7,13 @@ models as they quantize stock's, experts included, and never report a quantizati
   `nn.Linear` before the quantizer sees the model: the same parameters and names; `Linear` adds no state.
 - The router of a mixture of experts stays unquantized, as stock's does (its router is no `nn.Linear`): a
   quantized router flips the experts a token picks, and its weight is a few kilobytes.
+- torchao's `include_input_output_embeddings=True` quantizes the input embedding table and the output head
+  (`quantize_embeddings`), which transformers leaves in full precision.
 - After loading, a quantizer that quantized no module raises `QuantizationError`.
 """
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -62,6 +67,62 @@ def drop_quantization_only(dtype_plan: dict) -> dict:
     """The dtype plan (transformers' `_get_dtype_plan`) without the patterns `prepare_for_quantizer` added: they keep
     modules out of quantization, not in fp32 under fp16."""
     return {key: dtype for key, dtype in dtype_plan.items() if key not in NOT_QUANTIZED}
+
+
+def quantize_embeddings(model: nn.Module) -> list[str]:
+    """What torchao's `include_input_output_embeddings=True` asks for and transformers 5.24 does not do: it hands
+    the input embedding table to torchao's `quantize_`, whose default filter takes linear layers only, so the table
+    stays in full precision (stock's too) and a head tied to it with it. fivefold quantizes both after the load with
+    the config's quantization, a tied head keeping the table's quantized weight (one int8 copy). Returns the names
+    of the modules it quantized."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or quantizer.pre_quantized or quant_method(quantizer.quantization_config) != "torchao":
+        return []
+    settings = quantizer.quantization_config
+    config = settings.get_apply_tensor_subclass()
+    if not getattr(settings, "include_input_output_embeddings", False) or type(config).__name__ == "FqnToConfig":
+        return []  # per-name configs: transformers matches the names itself
+    from torchao.quantization import quantize_
+
+    skip = list(getattr(quantizer, "modules_to_not_convert", None) or ())
+    names = {id(module): name for name, module in model.named_modules()}
+    quantized = []
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        weight = getattr(module, "weight", None)
+        if weight is None or is_quantized_weight(weight) or not should_convert_module(names[id(module)], skip):
+            continue
+        sharing = [(m, name) for m in model.modules() for name, p in m._parameters.items() if p is weight]
+        quantize_(module, config, filter_fn=lambda *_: True)
+        for holder, name in sharing:  # a head tied to the table holds its quantized weight
+            holder._parameters[name] = module.weight
+        quantized.append(names[id(module)])
+    return quantized
+
+
+@contextmanager
+def without_tied_quantized_copies(model: nn.Module) -> Iterator[None]:
+    """For the block, the modules that hold another module's quantized weight (a head tied to its quantized input
+    table) hold none. A quantizer's state dict names a quantized weight's inner tensors (torchao:
+    `lm_head._weight_qdata`), which transformers' save does not recognise as tied: it writes both, and loading
+    the folder then fails comparing the two (torchao's tensors have no `equal`). Without the copy the folder holds
+    the table alone, and loading ties the head to it again."""
+    first: dict[int, nn.Module] = {}
+    dropped = []
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is None or not is_quantized_weight(weight) or type(weight) in _PLAIN:
+            continue
+        if id(weight) in first:
+            dropped.append((module, weight))
+        else:
+            first[id(weight)] = module
+    try:
+        for module, _ in dropped:
+            module._parameters["weight"] = None
+        yield
+    finally:
+        for module, weight in dropped:
+            module._parameters["weight"] = weight
 
 
 def is_quantized_weight(weight: object) -> bool:

@@ -348,3 +348,96 @@ def test_other_torchao_int8_holders_keep_torchaos_path():
         assert type(weight).__name__ == "IntxUnpackedToInt8Tensor" and weight.qdata.dtype == torch.int8
         assert int8.int8_weight_parts(weight) is None and int8.int8_dynamic_parts(weight) is None
         assert int8.int8_linear(torch.randn(3, 32), weight, None) is None
+
+
+def test_quantizing_at_load_reads_one_tensor_at_a_time(unquantized, monkeypatch):
+    """A load through a quantizer reads the shards with `pread`, never mapped into the process (whose mapped pages
+    would all stay resident until the load ends), hands freed memory back as it reads, and loads the same weights
+    as transformers' mapped read."""
+    pytest.importorskip("torchao")
+    from safetensors import safe_open
+
+    from fivefold.modeling import pretrained, quantized_loading
+
+    row = unquantized(_arch("mixtral"))
+    shards = sorted(str(p) for p in Path(row["dst"]).glob("*.safetensors"))
+    tensors = 0
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            tensors += len(list(f.keys()))
+    config = QUANTIZERS["torchao-int8-weight"].config("torchao-int8-weight")
+    reads, mapped, trims = [], [], []
+    read = quantized_loading._TrimmingSlice.__getitem__
+
+    def watched(self, index):
+        with open("/proc/self/maps") as maps:
+            mapped.append(any(shard in maps.read() for shard in shards))
+        reads.append(index)
+        return read(self, index)
+
+    monkeypatch.setattr(quantized_loading._TrimmingSlice, "__getitem__", watched)
+    monkeypatch.setattr(quantized_loading, "TRIM_EVERY_BYTES", 1)
+    monkeypatch.setattr(quantized_loading, "return_freed_memory", lambda: trims.append(1))
+    ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    assert len(reads) == tensors and not any(mapped)
+    assert len(trims) == tensors  # with a 1-byte cadence, once after each read
+
+    monkeypatch.setattr(pretrained, "reads_one_tensor_at_a_time", lambda *args: False)
+    mapped_read = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    assert len(reads) == tensors  # the override stood aside
+    torch.testing.assert_close(_output(ours, row["inputs"]), _output(mapped_read, row["inputs"]), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "mixtral"])  # a head tied to the table, and one of its own
+def test_embeddings_quantized_when_the_config_includes_them(unquantized, model_type, tmp_path):
+    """torchao's `include_input_output_embeddings=True`: fivefold quantizes the input table and the output head
+    (a tied head keeps the table's one quantized weight), where stock quantizes neither table nor tied head; the
+    folder saved reloads quantized and tied as it was, with the same outputs."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    row = unquantized(_arch(model_type))
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig(), include_input_output_embeddings=True)
+    ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    table, head = ours.get_input_embeddings(), ours.get_output_embeddings()
+    assert is_quantized_weight(table.weight) and is_quantized_weight(head.weight)
+    tied = row["ours"].get_input_embeddings().weight is row["ours"].get_output_embeddings().weight
+    assert (table.weight is head.weight) == tied
+    stock = getattr(transformers, stock_class_name(row["cls"])).from_pretrained(row["src"], quantization_config=config)
+    assert not is_quantized_weight(stock.get_input_embeddings().weight)
+    assert len(quantized_modules(ours)) == len(expected_quantized(row["ours"], "parameter")) + 2
+
+    diff = (_output(ours, row["inputs"]) - _output(row["ours"], row["inputs"])).abs().max().item()
+    assert 0 < diff < 4.0
+    prompt = {k: row["inputs"][k] for k in ("input_ids", "attention_mask")}
+    out = ours.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert out.shape[0] == prompt["input_ids"].shape[0]
+
+    ours.save_pretrained(tmp_path / "q")
+    assert ours.get_output_embeddings().weight is head.weight  # the save put the tied copy back
+    again = row["cls"].from_pretrained(tmp_path / "q").eval()
+    assert quantized_modules(again) == quantized_modules(ours)
+    assert (again.get_input_embeddings().weight is again.get_output_embeddings().weight) == tied
+    torch.testing.assert_close(_output(again, row["inputs"]), _output(ours, row["inputs"]), atol=0, rtol=0)
+
+
+def test_int8_table_lookup_equals_torchaos():
+    """fivefold's `Embedding` reads an int8 table's rows (int8.py) where torchao dequantizes the whole table: the
+    same values, bit for bit, weight-only and dynamic; a plain table takes nn.Embedding's path."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    from fivefold.modeling import int8
+    from fivefold.modeling.embeddings import Embedding
+
+    ids = torch.tensor([[0, 5, 99, 5], [3, 1, 2, 0]])
+    for kind in (Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig):
+        torch.manual_seed(0)
+        table = Embedding(100, 32)
+        quantize_(table, kind(), filter_fn=lambda *_: True)
+        want = nn.Embedding.forward(table, ids)
+        got = table(ids)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert int8.int8_embedding(ids, table.weight) is not None  # the row path ran, not torchao's
+    plain = Embedding(100, 32)
+    assert torch.equal(plain(ids), nn.Embedding.forward(plain, ids))
