@@ -121,7 +121,7 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
 
 
 PEAK_RSS = """
-import resource, sys, time, torch, transformers, fivefold
+import sys, time, torch, transformers, fivefold
 sys.path.insert(0, {benchmarks!r})
 from quantized import int8_weight_only
 kwargs = {{"quantization_config": int8_weight_only()}} if {quantized} else {{}}
@@ -129,15 +129,16 @@ start = time.perf_counter()
 model = transformers.AutoModelForCausalLM.from_pretrained({folder!r}, **kwargs)
 seconds = time.perf_counter() - start
 with open("/proc/self/status") as status:
-    anonymous = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, anonymous * 1024, seconds)
+    kib = dict(line.split()[:2] for line in status if line.startswith(("VmHWM:", "RssAnon:")))
+print(int(kib["VmHWM:"]) * 1024, int(kib["RssAnon:"]) * 1024, seconds)
 """
 
 
 def load_memory(folder: Path, quantized: bool) -> tuple[int, int, float]:
     """(peak resident bytes, anonymous resident bytes once loaded, seconds) of a fresh process that loads the
-    folder (fp32, or int8 weight-only). The peak counts the checkpoint's pages a loader maps; what stays afterwards
-    is the model, the interpreter and its libraries."""
+    folder (fp32, or int8 weight-only). The peak is the process's own high-water mark (`VmHWM`: getrusage's
+    ru_maxrss keeps the forking parent's across exec, the whole benchmark's models) and counts the checkpoint's
+    pages a loader maps; what stays afterwards is the model, the interpreter and its libraries."""
     script = PEAK_RSS.format(benchmarks=str(Path(__file__).parent), quantized=quantized, folder=str(folder))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     peak, anonymous, seconds = done.stdout.split()[-3:]
