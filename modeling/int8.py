@@ -163,5 +163,7 @@ def int8_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | No
     if parts is None or not (ids.is_cpu and parts[0].is_cpu) or not weight.dtype.is_floating_point:
         return None
     qdata, scale = parts
-    rows = qdata[ids].to(weight.dtype)  # [*ids.shape, C]
-    return (rows * scale[ids].unsqueeze(-1)).to(weight.dtype)
+    flat = ids.reshape(-1)  # index_select, not indexing: a negative id is an IndexError, as in F.embedding
+    rows = torch.index_select(qdata, 0, flat).to(weight.dtype)  # [N, C]
+    looked_up = (rows * torch.index_select(scale, 0, flat).unsqueeze(-1)).to(weight.dtype)
+    return looked_up.reshape(*ids.shape, qdata.shape[1])

@@ -22,9 +22,10 @@ from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import (
     check_quantized,
     drop_quantization_only,
+    is_quantized_weight,
     prepare_for_quantizer,
     quantize_embeddings,
-    without_tied_quantized_copies,
+    saved_once,
 )
 from .quantized_loading import read_through_pread, reads_one_tensor_at_a_time
 from .rank_zero import on_rank_0
@@ -175,6 +176,18 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         with read_through_pread(checkpoint_files) as read:
             return load(model, read, checkpoint_files, load_config, expected_keys)
 
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
+        """transformers' resize, refused for a quantized input table (`include_input_output_embeddings=True`):
+        its new rows are made from the full-precision values, which a quantized table no longer has."""
+        if is_quantized_weight(getattr(self.get_input_embeddings(), "weight", None)):
+            raise NotImplementedError(
+                f"{type(self).__name__}'s input embedding table is quantized (include_input_output_embeddings=True), "
+                "so it cannot be resized. Resize before quantizing: load the model without quantization_config, "
+                "call resize_token_embeddings, save_pretrained, and load that folder quantized; or quantize without "
+                "include_input_output_embeddings."
+            )
+        return super().resize_token_embeddings(*args, **kwargs)
+
     def init_parallel_plans(self) -> None:
         super().init_parallel_plans()
         # One plan serves every variant of an architecture (T5 with and without gates; a head model holds its base
@@ -290,7 +303,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             os.makedirs(save_directory, exist_ok=True)
             # Written before the weights so that push_to_hub uploads the code too.
             self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
-        with without_tied_quantized_copies(self):
+        with saved_once(self):
             super().save_pretrained(save_directory, *args, **kwargs)
 
 

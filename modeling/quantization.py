@@ -14,6 +14,7 @@ models as they quantize stock's, experts included, and never report a quantizati
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,8 +74,10 @@ def quantize_embeddings(model: nn.Module) -> list[str]:
     """What torchao's `include_input_output_embeddings=True` asks for and transformers 5.24 does not do: it hands
     the input embedding table to torchao's `quantize_`, whose default filter takes linear layers only, so the table
     stays in full precision (stock's too) and a head tied to it with it. fivefold quantizes both after the load with
-    the config's quantization, a tied head keeping the table's quantized weight (one int8 copy). Returns the names
-    of the modules it quantized."""
+    the config's quantization, a tied head keeping the table's quantized weight (one int8 copy). Only what
+    transformers would quantize: an `nn.Embedding` table (not a vision model's patch convolution) and an
+    `nn.Linear` head; a weight shared with a module the config skips stays as it is. Returns the names of the
+    modules it quantized."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is None or quantizer.pre_quantized or quant_method(quantizer.quantization_config) != "torchao":
         return []
@@ -84,45 +87,71 @@ def quantize_embeddings(model: nn.Module) -> list[str]:
         return []  # per-name configs: transformers matches the names itself
     from torchao.quantization import quantize_
 
-    skip = list(getattr(quantizer, "modules_to_not_convert", None) or ())
-    names = {id(module): name for name, module in model.named_modules()}
+    skip = list(getattr(quantizer, "modules_to_not_convert", None) or ())  # the config's, and transformers' own
+    asked = list(settings.modules_to_not_convert or ())  # the config's alone (transformers' name the tied copies)
+    candidates = ((model.get_input_embeddings(), nn.Embedding), (model.get_output_embeddings(), nn.Linear))
     quantized = []
-    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+    for module, kind in candidates:
         weight = getattr(module, "weight", None)
-        if weight is None or is_quantized_weight(weight) or not should_convert_module(names[id(module)], skip):
+        if not isinstance(module, kind) or weight is None or is_quantized_weight(weight):
             continue
-        sharing = [(m, name) for m in model.modules() for name, p in m._parameters.items() if p is weight]
+        sharing = [(name, m) for name, m in model.named_modules() for p in m._parameters.values() if p is weight]
+        name = next(name for name, m in sharing if m is module)
+        if not should_convert_module(name, skip) or not all(should_convert_module(n, asked) for n, _ in sharing):
+            continue
         quantize_(module, config, filter_fn=lambda *_: True)
-        for holder, name in sharing:  # a head tied to the table holds its quantized weight
-            holder._parameters[name] = module.weight
-        quantized.append(names[id(module)])
+        for _, holder in sharing:  # a head tied to the table holds its quantized weight
+            holder._parameters["weight"] = module.weight
+        quantized.append(name)
     return quantized
 
 
+class _WithoutCopies:
+    """A model whose `state_dict` leaves out the keys named; all else is the model's."""
+
+    def __init__(self, model: nn.Module, left_out: set[str]) -> None:
+        self._model, self._left_out = model, left_out
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict:
+        whole = self._model.state_dict(*args, **kwargs)
+        return {key: value for key, value in whole.items() if key not in self._left_out}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 @contextmanager
-def without_tied_quantized_copies(model: nn.Module) -> Iterator[None]:
-    """For the block, the modules that hold another module's quantized weight (a head tied to its quantized input
-    table) hold none. A quantizer's state dict names a quantized weight's inner tensors (torchao:
-    `lm_head._weight_qdata`), which transformers' save does not recognise as tied: it writes both, and loading
-    the folder then fails comparing the two (torchao's tensors have no `equal`). Without the copy the folder holds
-    the table alone, and loading ties the head to it again."""
-    first: dict[int, nn.Module] = {}
-    dropped = []
-    for module in model.modules():
+def saved_once(model: nn.Module) -> Iterator[None]:
+    """For the block, the model's quantizer leaves out of the state dict it saves the copies of a quantized weight
+    that modules share (a head tied to its quantized input table). Its state dict names a quantized weight's inner
+    tensors (torchao: `lm_head._weight_qdata`), which transformers' save does not recognise as tied: it writes
+    both, and loading the folder then fails comparing the two (torchao's tensors have no `equal`). Without the
+    copies the folder holds the table once, and loading ties the head to it again. The model itself is left as it
+    is: a forward in another thread runs as ever."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    first: dict[int, str] = {}
+    copies = []
+    for name, module in model.named_modules():
         weight = module._parameters.get("weight")
-        if weight is None or not is_quantized_weight(weight) or type(weight) in _PLAIN:
+        if weight is None or type(weight) in _PLAIN:
             continue
         if id(weight) in first:
-            dropped.append((module, weight))
+            copies.append(f"{name}.weight")
         else:
-            first[id(weight)] = module
+            first[id(weight)] = name
+    if quantizer is None or not copies:
+        yield
+        return
+    whole = quantizer.get_state_dict_and_metadata
+
+    def without_copies(saved: nn.Module, *args: Any, **kwargs: Any) -> tuple[dict, dict]:
+        return whole(_WithoutCopies(saved, set(copies)), *args, **kwargs)  # the quantizer flattens its state dict
+
+    quantizer.get_state_dict_and_metadata = without_copies
     try:
-        for module, _ in dropped:
-            module._parameters["weight"] = None
         yield
     finally:
-        for module, weight in dropped:
-            module._parameters["weight"] = weight
+        del quantizer.get_state_dict_and_metadata  # the class's method again
 
 
 def is_quantized_weight(weight: object) -> bool:

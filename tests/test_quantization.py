@@ -439,5 +439,33 @@ def test_int8_table_lookup_equals_torchaos():
         got = table(ids)
         assert got.dtype == want.dtype and torch.equal(got, want)
         assert int8.int8_embedding(ids, table.weight) is not None  # the row path ran, not torchao's
+        with pytest.raises(IndexError):  # a negative id is out of range, as in F.embedding, not a row from the end
+            table(torch.tensor([[-1, 2]]))
     plain = Embedding(100, 32)
     assert torch.equal(plain(ids), nn.Embedding.forward(plain, ids))
+
+
+def test_embeddings_included_only_where_transformers_would_quantize_them(unquantized):
+    """`include_input_output_embeddings=True` takes an `nn.Embedding` table and an `nn.Linear` head only (ViT's input
+    is a patch convolution, which stays as it is and runs); a table the config skips stays in full precision with
+    the head tied to it; and a quantized table cannot be resized (its full-precision rows are gone)."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    row = unquantized(_arch("vit"))
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig(), include_input_output_embeddings=True)
+    vit = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    assert not is_quantized_weight(vit.get_input_embeddings().weight)
+    assert _output(vit, row["inputs"]).isfinite().all()
+
+    row = unquantized(_arch("gpt2"))
+    skipped = transformers.TorchAoConfig(
+        Int8WeightOnlyConfig(), include_input_output_embeddings=True, modules_to_not_convert=["word_embeddings"]
+    )
+    ours = row["cls"].from_pretrained(row["dst"], quantization_config=skipped).eval()
+    table, head = ours.get_input_embeddings(), ours.get_output_embeddings()
+    assert not is_quantized_weight(table.weight) and head.weight is table.weight
+
+    ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    with pytest.raises(NotImplementedError, match="cannot be resized"):
+        ours.resize_token_embeddings(ours.config.vocab_size + 8)
