@@ -23,6 +23,7 @@ Shapes: N tokens (B * T), C channels (the input features), O head outputs (the o
 """
 
 import functools
+import weakref
 
 import torch
 
@@ -45,10 +46,26 @@ def _is_int8_tensor(weight: torch.Tensor) -> bool:
     return type(weight).__name__ == "Int8Tensor"
 
 
+# What `_per_row_int8` found for each weight, by id, dropped when the weight is collected: its checks (a read of
+# every zero point among them) cost more than GPT-2's smaller int8 products at one row.
+_FOUND: dict[int, tuple[weakref.ref, tuple | None]] = {}
+
+
 def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(qdata [O, C] int8, scale [O]) of an `Int8Tensor` quantized per row and symmetrically; None otherwise."""
+    """(qdata [O, C] int8, scale [O]) of an `Int8Tensor` quantized per row and symmetrically; None otherwise.
+    Found once per weight (torchao's int8 tensors are not changed in place)."""
     if not _is_int8_tensor(weight):
         return None
+    found = _FOUND.get(id(weight))
+    if found is not None and found[0]() is weight:
+        return found[1]
+    parts = _read_per_row_int8(weight)
+    _FOUND[id(weight)] = (weakref.ref(weight), parts)
+    weakref.finalize(weight, _FOUND.pop, id(weight), None)
+    return parts
+
+
+def _read_per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
     if not (isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor)) or qdata.dtype != torch.int8:
         return None
@@ -61,7 +78,7 @@ def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | N
     zero_point = getattr(weight, "zero_point", None)
     if zero_point is not None and bool(zero_point.any()):
         return None
-    return qdata, scale.reshape(-1)
+    return qdata.contiguous(), scale.reshape(-1)
 
 
 def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -103,9 +120,13 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
     # than the int8 weights themselves (2^-8 of a row's largest weight).
     x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-    y = _INT8PACK(x16, qdata.contiguous(), _unit_scales(qdata.shape[0]))  # [N, O]
-    y = (y.to(x.dtype) * scale.to(x.dtype)).reshape(*x.shape[:-1], qdata.shape[0])
-    return y if bias is None else y + bias.to(y.dtype)
+    y = _INT8PACK(x16, qdata, _unit_scales(qdata.shape[0]))  # [N, O] bf16
+    if x.dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
+        y = y.to(x.dtype)
+    scale = scale.to(x.dtype)
+    # One op after the kernel: a decoding step's 73 products are small enough that each op around them counts.
+    y = torch.mul(y, scale) if bias is None else torch.addcmul(bias.to(x.dtype), y, scale)
+    return y.reshape(*x.shape[:-1], qdata.shape[0])
 
 
 def int8_dynamic_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

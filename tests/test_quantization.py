@@ -469,3 +469,26 @@ def test_embeddings_included_only_where_transformers_would_quantize_them(unquant
     ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
     with pytest.raises(NotImplementedError, match="cannot be resized"):
         ours.resize_token_embeddings(ours.config.vocab_size + 8)
+
+
+def test_int8_weight_checked_once_and_forgotten_with_it(monkeypatch):
+    """What int8.py finds of a weight is found once (its checks read every zero point) and dropped with the weight."""
+    pytest.importorskip("torchao")
+    import gc
+
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from fivefold.modeling import int8
+
+    reads = []
+    read = int8._read_per_row_int8
+    monkeypatch.setattr(int8, "_read_per_row_int8", lambda weight: reads.append(1) or read(weight))
+    layer = nn.Linear(32, 16)
+    quantize_(layer, Int8WeightOnlyConfig())
+    first, again = int8.int8_weight_parts(layer.weight), int8.int8_weight_parts(layer.weight)  # (no kernel asked)
+    assert len(reads) == 1 and first is not None and all(a is b for a, b in zip(first, again, strict=True))
+    key = id(layer.weight)
+    assert key in int8._FOUND
+    del layer
+    gc.collect()
+    assert key not in int8._FOUND
