@@ -129,23 +129,22 @@ def saved_once(model: nn.Module) -> Iterator[None]:
     copies the folder holds the table once, and loading ties the head to it again. The model itself is left as it
     is: a forward in another thread runs as ever."""
     quantizer = getattr(model, "hf_quantizer", None)
-    first: dict[int, str] = {}
-    copies = []
+    seen: set[int] = set()
+    copies = set()
     for name, module in model.named_modules():
         weight = module._parameters.get("weight")
         if weight is None or type(weight) in _PLAIN:
             continue
-        if id(weight) in first:
-            copies.append(f"{name}.weight")
-        else:
-            first[id(weight)] = name
+        if id(weight) in seen:
+            copies.add(f"{name}.weight")
+        seen.add(id(weight))
     if quantizer is None or not copies:
         yield
         return
     whole = quantizer.get_state_dict_and_metadata
 
     def without_copies(saved: nn.Module, *args: Any, **kwargs: Any) -> tuple[dict, dict]:
-        return whole(_WithoutCopies(saved, set(copies)), *args, **kwargs)  # the quantizer flattens its state dict
+        return whole(_WithoutCopies(saved, copies), *args, **kwargs)  # the quantizer flattens its state dict
 
     quantizer.get_state_dict_and_metadata = without_copies
     try:

@@ -7,7 +7,7 @@ full-precision copies the quantizer frees in its arenas, where the next (same-si
 the reduced Mixtral of benchmarks/quantized.py (1.6 GB of fp32) under torchao int8: 1.7 GB of mapped pages and
 2.2 GB of anonymous memory at the peak, for a 0.6 GB int8 model. Read with safetensors' own `pread` backend
 instead, the pages go to the page cache (the kernel's to drop, not the process's), and handing freed blocks back
-before each read keeps the anonymous memory at what the quantized model has grown to.
+every `TRIM_EVERY_BYTES` read keeps the anonymous memory near what the quantized model has grown to.
 """
 
 from collections.abc import Iterator
