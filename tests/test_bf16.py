@@ -48,6 +48,25 @@ def test_a_layer_under_a_hook_is_not_fused(onednn_calls):
     assert seen == [(4, 64)]
 
 
+@pytest.mark.parametrize("name", ["gelu", "gelu_pytorch_tanh", "relu"])
+def test_an_unfused_activation_overwrites_the_layers_own_output(name):
+    """Where oneDNN does not take the layer (here: too small for it), the activation runs in place on the layer's
+    fresh output outside autograd, with the values of `activation(layer(x))`, x untouched; under autograd it runs
+    out of place and gradients flow as through the plain modules."""
+    torch.manual_seed(0)
+    layer, act = Linear(8, 16), ACT2FN[name]
+    x = torch.randn(3, 8) * 3
+    before = x.clone()
+    with torch.no_grad():
+        expected = act(F.linear(x, layer.weight, layer.bias))
+        got = linear_then_activation(layer, act, x)
+    assert torch.equal(got, expected) and torch.equal(x, before)
+    x.requires_grad_(True)
+    linear_then_activation(layer, act, x).sum().backward()
+    want = torch.autograd.grad(act(F.linear(x, layer.weight, layer.bias)).sum(), x)[0]
+    torch.testing.assert_close(x.grad, want)
+
+
 def model_error(model, reference: torch.Tensor, inputs: dict, compared: torch.Tensor) -> float:
     with torch.no_grad():
         out = model(**inputs)

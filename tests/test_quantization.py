@@ -328,6 +328,43 @@ def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeyp
         torch.testing.assert_close(got, reference, atol=0, rtol=0)
 
 
+def test_dynamic_int8_buffers_are_reused_without_mixing_calls(monkeypatch):
+    """The dynamic path's per-thread buffers: every call equals torchao's own path bit for bit whatever ran before it
+    (a larger batch, a smaller one, inside and outside inference mode, another thread), an output is never
+    overwritten by a later call, and a call larger than `SCRATCH_BYTES` gets buffers of its own."""
+    pytest.importorskip("torchao")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    from fivefold.modeling import int8
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    quantize_(layer, Int8DynamicActivationInt8WeightConfig())
+    weight, bias = layer[0].weight, layer[0].bias
+    batches = [torch.randn(rows, 64) * 4 for rows in (40, 3, 17, 40)]
+
+    def both(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return int8.int8_dynamic_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias)
+
+    with torch.no_grad():
+        outputs = []
+        for i, x in enumerate(batches):
+            with torch.inference_mode(i % 2 == 1):
+                got, want = both(x)
+            assert torch.equal(got, want)
+            outputs.append(got.clone())
+        kept = both(batches[0])[0]
+        both(batches[1])
+        assert torch.equal(kept, outputs[0])  # the later call left the earlier output alone
+        with ThreadPoolExecutor(1) as pool:
+            assert torch.equal(*pool.submit(both, batches[2]).result())
+        monkeypatch.setattr(int8, "SCRATCH_BYTES", 64)
+        got, want = both(batches[0])
+        assert torch.equal(got, want)
+
+
 def test_other_torchao_int8_holders_keep_torchaos_path():
     """Only torchao's `Int8Tensor` takes fivefold's int8 linears: `IntxUnpackedToInt8Tensor` holds int8 data, scales
     and a per-row block too, but under `Int8DynamicActivationIntxWeightConfig` it also quantizes the activations,
