@@ -15,6 +15,7 @@ from .attention import Attention
 from .block import Block
 from .expert_offload import attach_expert_offload, check_stock_offload
 from .expert_parallel import distribute, expert_layers, gather_experts
+from .offloaded_loading import read_without_offloaded, skips_offloaded_reads
 from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pinned_folder import pinned_folder, replaced
@@ -169,12 +170,16 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     @staticmethod
     def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
         """transformers' loading of the weights; a quantizer quantizing at load reads the shards through `pread`,
-        one tensor at a time (quantized_loading.py)."""
+        one tensor at a time (quantized_loading.py); tensors offloaded to "disk" as they are stored are not read
+        (offloaded_loading.py)."""
         load = PreTrainedModel._load_pretrained_model
-        if not reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
-            return load(model, state_dict, checkpoint_files, load_config, expected_keys)
-        with read_through_pread(checkpoint_files) as read:
-            return load(model, read, checkpoint_files, load_config, expected_keys)
+        if reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
+            with read_through_pread(checkpoint_files) as read:
+                return load(model, read, checkpoint_files, load_config, expected_keys)
+        if skips_offloaded_reads(state_dict, checkpoint_files, load_config):
+            with read_without_offloaded(model, checkpoint_files, load_config) as read:
+                return load(model, read, checkpoint_files, load_config, expected_keys)
+        return load(model, state_dict, checkpoint_files, load_config, expected_keys)
 
     def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
         """transformers' resize, refused for a quantized input table (`include_input_output_embeddings=True`):

@@ -92,6 +92,32 @@ def test_disk_experts_are_read_from_the_checkpoint_and_nothing_is_written(moe_fo
         assert (plain(**inputs).logits - placed(**inputs).logits).abs().max() <= 1e-5
 
 
+def test_disk_experts_are_not_read_at_load(moe_folder, monkeypatch):
+    """The load reads the tensors that stay in memory and none of those offloaded to "disk" (transformers reads
+    them all and drops the offloaded ones); the model then runs as the one loaded whole."""
+    import transformers.core_model_loading as loading
+
+    _, cls, dst = moe_folder
+    plain = cls.from_pretrained(dst).eval()
+    device_map = _odd_experts_on_disk(plain)
+    materialize, read = loading._materialize_copy, []
+
+    def counted(tensor, device=None, dtype=None):
+        out = materialize(tensor, device, dtype)
+        if out.untyped_storage().nbytes() >= out.nbytes:  # read; a stand-in holds one element for all of them
+            read.append(out.nbytes)
+        return out
+
+    monkeypatch.setattr(loading, "_materialize_copy", counted)
+    placed = _load(cls, dst, device_map)
+    resident = sum(t.nbytes for t in [*placed.parameters(), *placed.buffers()] if t.device.type == "cpu")
+    offloaded = [e for e in placed.expert_cache.experts.values() if not e.materialized]
+    assert offloaded and sum(read) <= resident  # not one offloaded expert's bytes
+    inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
+    with torch.no_grad():
+        assert torch.equal(plain(**inputs).logits, placed(**inputs).logits)
+
+
 def test_a_stock_folder_with_disk_experts_needs_an_offload_folder(converted, tmp_path):
     src, dst = converted("mixtral", "MixtralForCausalLM")
     cls = _causal_lm(MOE[0])

@@ -1,0 +1,96 @@
+"""Loading with experts offloaded to "disk" without reading them: the load reads what stays in memory, and the
+offloaded tensors are read later, when they run, from the checkpoint's own safetensors files.
+
+transformers 5.24 reads every tensor of the checkpoint at load, the ones its device map sends to "disk" too, and
+only then finds most of them in its offload index (already in a safetensors file, used as they are) and drops
+what it read. For the reduced Mixtral of benchmarks/offload.py with a quarter of its experts in memory, that is
+1.7 GB read from the disk to keep 0.5 GB: a cold load took 1.1-1.3 s where its reads of what stays take 0.3.
+
+Here the tensors that transformers will drop unread are left unread: each is handed to the loader as a zero-stride
+stand-in of its shape and dtype (no memory behind it), which the loader passes to the offload index and forgets.
+The stand-ins are made only where that is certain: a tensor the offload index takes as it is from the very file
+and key being read, on a load without a quantizer and without conversions (`WeightConverter`), which would
+otherwise compute on the stand-in and save the result. Any other load reads as transformers does.
+"""
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+try:  # transformers' own index of offloaded tensors, the one its loader consults
+    from transformers.core_model_loading import WeightConverter
+    from transformers.integrations.accelerate import accelerate_disk_offload
+except ImportError:  # another transformers: every load reads as that release does
+    WeightConverter = accelerate_disk_offload = None
+
+
+# safetensors' dtype names (the header's), as torch dtypes.
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+class _Unread:
+    """A safetensors slice that is never read: its tensor stands in for one the offload index holds."""
+
+    def __init__(self, tensor_slice: Any) -> None:
+        self._slice = tensor_slice
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if index is not Ellipsis:  # a part of it (a shard): read, as the loader asked
+            return self._slice[index]
+        dtype = SAFETENSORS_DTYPES.get(self._slice.get_dtype())
+        if dtype is None:  # a dtype this table lacks: read, as the loader asked
+            return self._slice[index]
+        return torch.empty((), dtype=dtype).expand(tuple(self._slice.get_shape()))
+
+    def __getattr__(self, name: str) -> Any:  # get_shape, get_dtype: what the loader asks of a slice
+        return getattr(self._slice, name)
+
+
+def skips_offloaded_reads(state_dict: dict | None, checkpoint_files: list[str] | None, load_config: Any) -> bool:
+    """A load from safetensors files that offloads to "disk", with nothing that computes on what it reads."""
+    device_map = load_config.device_map or {}
+    return (
+        accelerate_disk_offload is not None
+        and state_dict is None
+        and load_config.hf_quantizer is None
+        and not load_config.disable_mmap
+        and bool(checkpoint_files)
+        and all(str(f).endswith(".safetensors") for f in checkpoint_files)
+        and "disk" in device_map.values()
+        and not any(isinstance(entry, WeightConverter) for entry in load_config.weight_mapping or ())
+    )
+
+
+def _offloaded_as_stored(model: torch.nn.Module, checkpoint_files: list[str], load_config: Any) -> set[tuple]:
+    """(file, key) of each checkpoint tensor the offload index takes as it is stored: transformers' own index."""
+    index = accelerate_disk_offload(
+        model, None, checkpoint_files, load_config.device_map, load_config.sharded_metadata, load_config.weight_mapping
+    )
+    return {(Path(entry["safetensors_file"]).resolve(), entry["weight_name"]) for entry in index.values()}
+
+
+@contextmanager
+def read_without_offloaded(
+    model: torch.nn.Module, checkpoint_files: list[str], load_config: Any
+) -> Iterator[dict[str, Any]]:
+    """The state dict of `checkpoint_files` as lazy slices, those offloaded as stored never read; open for the
+    block."""
+    unread = _offloaded_as_stored(model, checkpoint_files, load_config)
+    with ExitStack() as stack:
+        state_dict = {}
+        for file in checkpoint_files:
+            shard = stack.enter_context(safe_open(file, framework="pt"))
+            resolved = Path(file).resolve()
+            for key in shard.keys():
+                tensor_slice = shard.get_slice(key)
+                offloaded = (resolved, key) in unread and len(tensor_slice.get_shape()) > 0
+                state_dict[key] = _Unread(tensor_slice) if offloaded else tensor_slice
+        yield state_dict
