@@ -157,10 +157,11 @@ _HALF_RANGE = (127 - (-128)) / 2
 
 
 # The dynamic path's intermediates (x scaled, x rounded to int8, the int32 sums) live only inside one call. Fresh
-# buffers of that size come from the system and go back to it (glibc trims its heap once enough is free), so every
-# forward paid the page faults of all of them again: 10,000 a MiniLM 8 x 128 forward, a fifth of its time (Zen 4).
-# So each thread keeps one buffer of each kind and reuses it, up to SCRATCH_BYTES a buffer; larger ones stay fresh
-# (a long prefill's would hold that much memory for good).
+# buffers of that size go back to the system when freed (glibc maps blocks above its mmap threshold of their own,
+# and trims its heap once enough is free), so every forward paid the page faults of all of them again: 10,000 a
+# MiniLM 8 x 128 forward, a fifth of its time (Zen 4). So each thread keeps one buffer of each kind for as long as
+# it lives and reuses it, up to SCRATCH_BYTES a buffer (at most 3 x 32 MiB a thread; 0 turns the reuse off);
+# larger ones stay fresh (a long prefill's would hold that much memory for good).
 SCRATCH_BYTES = 32 << 20
 _SCRATCH = threading.local()
 
@@ -184,6 +185,8 @@ def int8_dynamic_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     in int8 with int32 sums, then scaled back by the row's and the output's scales. None where it does not apply."""
     parts = int8_dynamic_parts(weight)
     if parts is None or x.dtype != torch.float32 or not (x.is_cpu and parts[0].is_cpu):
+        return None
+    if torch.is_grad_enabled() and x.requires_grad:  # the int8 product has no derivative
         return None
     qdata, w_scale = parts
     rows = x.reshape(-1, x.shape[-1])  # [N, C]

@@ -14,6 +14,7 @@ remote code, to run on torch versions fivefold never saw: each internal is looke
 lacks one runs F.linear everywhere, with one warning, never an exception.
 """
 
+import functools
 import importlib
 import types
 import warnings
@@ -216,26 +217,35 @@ def _intercepted(layer: nn.Module) -> bool:
 
 def linear_then_activation(layer: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`activation(layer(x))`, as one oneDNN matmul with the activation as its post-op where the layer is a plain
-    fivefold `Linear` nothing intercepts (not a LoRA wrapper, not under hooks) and the op takes these tensors.
-    Where the op does not (an int8 weight, a layer too small for oneDNN), the activation overwrites the layer's
-    output outside autograd: that output is the layer's own fresh tensor, and a second [N, F] buffer costs its page
-    faults (a ragged MiniLM batch's int8 GELUs spent 53 ms a forward in them, Zen 4)."""
+    fivefold `Linear` and nothing intercepts either module (not a LoRA wrapper, no hooks) and the op takes these
+    tensors. Where the op does not (an int8 weight, a layer too small for oneDNN), an activation whose forward is
+    one aten op runs in place on the layer's output outside autograd: that output is the layer's own fresh tensor,
+    and a second [N, F] buffer costs its page faults (a ragged MiniLM batch's int8 GELUs spent 53 ms a forward in
+    them, Zen 4)."""
     fused = FUSED_ACTIVATIONS.get(type(activation))
-    if fused is None or type(layer) is not Linear or _intercepted(layer):
+    if fused is None or type(layer) is not Linear or _intercepted(layer) or _intercepted(activation):
         return activation(layer(x))
     if uses_onednn(x, layer.weight, layer.bias):
         return _ONEDNN_LINEAR(x, layer.weight, layer.bias, *fused)
     y = layer(x)
-    if MISSING_PRIVATE or type(y) not in _PLAIN or y.requires_grad or _watched():
+    in_place = _in_place(activation)
+    if in_place is None or MISSING_PRIVATE or type(y) not in _PLAIN or y.requires_grad or _watched():
         return activation(y)
-    return _IN_PLACE_ACTIVATIONS[fused[0]](y, fused[2])
+    return in_place(y)
 
 
-# The in-place form of each fused activation: (output, oneDNN's algorithm name) -> the output, overwritten.
-_IN_PLACE_ACTIVATIONS = {
-    "gelu": lambda y, algorithm: torch.ops.aten.gelu_(y, approximate=algorithm),
-    "relu": lambda y, _: torch.relu_(y),
-}
+def _in_place(activation: nn.Module):
+    """The activation as the aten op that overwrites its input, where its forward is exactly that op; None where
+    it is a Python formula (`gelu_new`, the `use_*_python` variants), whose roundings differ from the op's."""
+    act = getattr(activation, "act", None)
+    if type(activation) is nn.ReLU:
+        return torch.relu_
+    if type(activation) is GELUActivation and act is F.gelu:
+        return torch.ops.aten.gelu_
+    tanh = isinstance(act, functools.partial) and act.func is F.gelu and not act.args
+    if type(activation) is GELUTanh and tanh and act.keywords == {"approximate": "tanh"}:
+        return functools.partial(torch.ops.aten.gelu_, approximate="tanh")
+    return None
 
 
 def use_torch_linears(model: nn.Module) -> nn.Module:

@@ -7,12 +7,16 @@ what it read. For the reduced Mixtral of benchmarks/offload.py with a quarter of
 1.7 GB read from the disk to keep 0.5 GB: a cold load took 1.1-1.3 s where its reads of what stays take 0.3.
 
 Here the tensors that transformers will drop unread are left unread: each is handed to the loader as a zero-stride
-stand-in of its shape and dtype (no memory behind it), which the loader passes to the offload index and forgets.
+stand-in of its shape, in its parameter's dtype (no memory behind it, and nothing for the loader's cast to copy),
+which the loader passes to the offload index and forgets.
 The stand-ins are made only where that is certain: a tensor the offload index takes as it is from the very file
-and key being read, on a load without a quantizer and without conversions (`WeightConverter`), which would
-otherwise compute on the stand-in and save the result. Any other load reads as transformers does.
+and key being read, a parameter (or a buffer where buffers are offloaded: the loader sets any other buffer on its
+module), on a load without a quantizer and without conversions (`WeightConverter`), which would otherwise compute
+on the stand-in and save the result, from local files transformers maps (not on Windows or an hf-mount, where it
+reads otherwise). Any other load reads as transformers does.
 """
 
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -26,29 +30,26 @@ try:  # transformers' own index of offloaded tensors, the one its loader consult
     from transformers.integrations.accelerate import accelerate_disk_offload
 except ImportError:  # another transformers: every load reads as that release does
     WeightConverter = accelerate_disk_offload = None
+try:
+    from transformers.modeling_utils import _is_on_hf_mount as _on_hf_mount
+except ImportError:
 
-
-# safetensors' dtype names (the header's), as torch dtypes.
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
+    def _on_hf_mount(path: str) -> bool:
+        return False
 
 
 class _Unread:
-    """A safetensors slice that is never read: its tensor stands in for one the offload index holds."""
+    """A safetensors slice that is never read: its tensor stands in for one the offload index holds, in the dtype of
+    the parameter it would load (so that the loader's cast to that dtype copies nothing)."""
 
-    def __init__(self, tensor_slice: Any) -> None:
+    def __init__(self, tensor_slice: Any, dtype: torch.dtype) -> None:
         self._slice = tensor_slice
+        self._dtype = dtype
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         if index is not Ellipsis:  # a part of it (a shard): read, as the loader asked
             return self._slice[index]
-        dtype = SAFETENSORS_DTYPES.get(self._slice.get_dtype())
-        if dtype is None:  # a dtype this table lacks: read, as the loader asked
-            return self._slice[index]
-        return torch.empty((), dtype=dtype).expand(tuple(self._slice.get_shape()))
+        return torch.empty((), dtype=self._dtype).expand(tuple(self._slice.get_shape()))
 
     def __getattr__(self, name: str) -> Any:  # get_shape, get_dtype: what the loader asks of a slice
         return getattr(self._slice, name)
@@ -59,6 +60,9 @@ def skips_offloaded_reads(state_dict: dict | None, checkpoint_files: list[str] |
     device_map = load_config.device_map or {}
     return (
         accelerate_disk_offload is not None
+        and sys.platform != "win32"  # transformers reads with `pread` there, and whole files on an hf-mount
+        and not any(_on_hf_mount(str(f)) for f in checkpoint_files or ())
+        and not any(str(d).startswith("mps") for d in device_map.values())
         and state_dict is None
         and load_config.hf_quantizer is None
         and not load_config.disable_mmap
@@ -69,12 +73,19 @@ def skips_offloaded_reads(state_dict: dict | None, checkpoint_files: list[str] |
     )
 
 
-def _offloaded_as_stored(model: torch.nn.Module, checkpoint_files: list[str], load_config: Any) -> set[tuple]:
-    """(file, key) of each checkpoint tensor the offload index takes as it is stored: transformers' own index."""
+def _offloaded_as_stored(model: torch.nn.Module, checkpoint_files: list[str], load_config: Any) -> dict:
+    """{(file, key): dtype} of each checkpoint tensor the loader will leave in its file: in transformers' own offload
+    index (taken as stored), and a parameter, or a buffer where buffers are offloaded too (the loader sets any other
+    buffer on its module, offload index or not)."""
     index = accelerate_disk_offload(
         model, None, checkpoint_files, load_config.device_map, load_config.sharded_metadata, load_config.weight_mapping
     )
-    return {(Path(entry["safetensors_file"]).resolve(), entry["weight_name"]) for entry in index.values()}
+    buffers = set() if load_config.offload_buffers else {name for name, _ in model.named_buffers()}
+    return {
+        (Path(entry["safetensors_file"]).resolve(), entry["weight_name"]): getattr(torch, entry["dtype"])
+        for target, entry in index.items()
+        if target not in buffers and isinstance(getattr(torch, entry["dtype"], None), torch.dtype)
+    }
 
 
 @contextmanager
@@ -91,6 +102,7 @@ def read_without_offloaded(
             resolved = Path(file).resolve()
             for key in shard.keys():
                 tensor_slice = shard.get_slice(key)
-                offloaded = (resolved, key) in unread and len(tensor_slice.get_shape()) > 0
-                state_dict[key] = _Unread(tensor_slice) if offloaded else tensor_slice
+                dtype = unread.get((resolved, key))
+                offloaded = dtype is not None and len(tensor_slice.get_shape()) > 0
+                state_dict[key] = _Unread(tensor_slice, dtype) if offloaded else tensor_slice
         yield state_dict

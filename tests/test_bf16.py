@@ -48,11 +48,12 @@ def test_a_layer_under_a_hook_is_not_fused(onednn_calls):
     assert seen == [(4, 64)]
 
 
-@pytest.mark.parametrize("name", ["gelu", "gelu_pytorch_tanh", "relu"])
+@pytest.mark.parametrize("name", ["gelu", "gelu_pytorch_tanh", "relu", "gelu_new", "gelu_python"])
 def test_an_unfused_activation_overwrites_the_layers_own_output(name):
-    """Where oneDNN does not take the layer (here: too small for it), the activation runs in place on the layer's
-    fresh output outside autograd, with the values of `activation(layer(x))`, x untouched; under autograd it runs
-    out of place and gradients flow as through the plain modules."""
+    """Where oneDNN does not take the layer (here: too small for it), an activation whose forward is one aten op
+    runs in place on the layer's fresh output outside autograd; a Python-formula activation runs its own forward.
+    Either way the values are exactly `activation(layer(x))`'s, x is untouched, and under autograd gradients flow
+    as through the plain modules."""
     torch.manual_seed(0)
     layer, act = Linear(8, 16), ACT2FN[name]
     x = torch.randn(3, 8) * 3
@@ -65,6 +66,17 @@ def test_an_unfused_activation_overwrites_the_layers_own_output(name):
     linear_then_activation(layer, act, x).sum().backward()
     want = torch.autograd.grad(act(F.linear(x, layer.weight, layer.bias)).sum(), x)[0]
     torch.testing.assert_close(x.grad, want)
+
+
+def test_hooks_on_the_activation_see_it_run(onednn_calls):
+    """A hook on the activation module (activation statistics, interpretability) fires, fused path or not: the
+    activation then runs as its own module."""
+    layer, act = Linear(32, 64), ACT2FN["gelu"]
+    seen = []
+    act.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        linear_then_activation(layer, act, torch.randn(4, 32))
+    assert seen == [(4, 64)]
 
 
 def model_error(model, reference: torch.Tensor, inputs: dict, compared: torch.Tensor) -> float:

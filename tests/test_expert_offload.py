@@ -109,13 +109,35 @@ def test_disk_experts_are_not_read_at_load(moe_folder, monkeypatch):
         return out
 
     monkeypatch.setattr(loading, "_materialize_copy", counted)
-    placed = _load(cls, dst, device_map)
-    resident = sum(t.nbytes for t in [*placed.parameters(), *placed.buffers()] if t.device.type == "cpu")
-    offloaded = [e for e in placed.expert_cache.experts.values() if not e.materialized]
-    assert offloaded and sum(read) <= resident  # not one offloaded expert's bytes
     inputs = causal_text_sample(plain.config, "MixtralForCausalLM")
-    with torch.no_grad():
-        assert torch.equal(plain(**inputs).logits, placed(**inputs).logits)
+    for dtype in (None, torch.bfloat16):  # a cast at load copies no stand-in either
+        read.clear()
+        placed = _load(cls, dst, device_map, dtype=dtype)
+        resident = sum(t.nbytes for t in [*placed.parameters(), *placed.buffers()] if t.device.type == "cpu")
+        offloaded = [e for e in placed.expert_cache.experts.values() if not e.materialized]
+        assert offloaded and sum(read) <= resident  # not one offloaded expert's bytes
+        whole = plain if dtype is None else cls.from_pretrained(dst, dtype=dtype).eval()
+        with torch.no_grad():
+            assert torch.equal(whole(**inputs).logits, placed(**inputs).logits)
+
+
+def test_a_buffer_on_disk_is_loaded_as_transformers_loads_it(converted, tmp_path):
+    """A persistent buffer of a module the device map puts on "disk" is set on its module at load (transformers
+    offloads buffers only with `offload_buffers=True`), so it is read, never stood in for."""
+    (arch,) = [a for a in MOE if a.stock_model_type == "mixtral"]
+    cls = _causal_lm(arch)
+    _, dst = converted("mixtral", stock_class_name(cls))
+
+    class WithBuffer(cls):
+        def __init__(self, config):
+            super().__init__(config)
+            self.model.norm.register_buffer("calibration", torch.zeros(16))
+
+    model = WithBuffer.from_pretrained(dst)
+    model.model.norm.calibration.copy_(torch.arange(16.0))
+    model.save_pretrained(tmp_path / "with-buffer")
+    placed = _load(WithBuffer, tmp_path / "with-buffer", _on_disk(model, {"model.norm"}))
+    assert torch.equal(placed.model.norm.calibration, torch.arange(16.0))
 
 
 def test_a_stock_folder_with_disk_experts_needs_an_offload_folder(converted, tmp_path):
