@@ -38,11 +38,13 @@ def test_fused_activation_equals_the_activation_after_the_matmul(onednn_calls, n
     assert (got - expected).abs().max() <= 1e-5
 
 
-def test_a_layer_under_a_hook_is_not_fused(onednn_calls):
-    """A forward hook (PEFT, accelerate, a user's) must see the layer run: no fusion around it."""
+@pytest.mark.parametrize("hooked", ["layer", "activation"])
+def test_a_module_under_a_hook_is_not_fused(onednn_calls, hooked):
+    """A forward hook (PEFT, accelerate, a user's activation statistics) must see its module run: no fusion around
+    the layer or the activation, and no in-place activation in its stead."""
     layer, act = Linear(32, 64), ACT2FN["gelu"]
     seen = []
-    layer.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    {"layer": layer, "activation": act}[hooked].register_forward_hook(lambda m, args, out: seen.append(out.shape))
     with torch.no_grad():
         linear_then_activation(layer, act, torch.randn(4, 32))
     assert seen == [(4, 64)]
@@ -66,17 +68,6 @@ def test_an_unfused_activation_overwrites_the_layers_own_output(name):
     linear_then_activation(layer, act, x).sum().backward()
     want = torch.autograd.grad(act(F.linear(x, layer.weight, layer.bias)).sum(), x)[0]
     torch.testing.assert_close(x.grad, want)
-
-
-def test_hooks_on_the_activation_see_it_run(onednn_calls):
-    """A hook on the activation module (activation statistics, interpretability) fires, fused path or not: the
-    activation then runs as its own module."""
-    layer, act = Linear(32, 64), ACT2FN["gelu"]
-    seen = []
-    act.register_forward_hook(lambda module, args, out: seen.append(out.shape))
-    with torch.no_grad():
-        linear_then_activation(layer, act, torch.randn(4, 32))
-    assert seen == [(4, 64)]
 
 
 def model_error(model, reference: torch.Tensor, inputs: dict, compared: torch.Tensor) -> float:
