@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .kernels import attention_kernel
-from .linear import Linear
+from .linear import Linear, linears_on_one_input
 from .norms import build_qk_norm
 from .padding import PackedSequences
 from .rotary import RotaryPositions
@@ -96,9 +96,10 @@ class Attention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, _ = hidden_states.shape
-        query = self.q_norm(self.q_proj(hidden_states)).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        key = self.k_norm(self.k_proj(hidden_states)).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
-        value = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
+        query, key, value = linears_on_one_input(hidden_states, self.q_proj, self.k_proj, self.v_proj)
+        query = self.q_norm(query).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        key = self.k_norm(key).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
+        value = value.view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, K, T, D]
         query, key = self.positions(query, key, position_embeddings)
         if cache is not None:
             # As stock passes them: a paged cache (continuous batching) reads its indices from the kwargs and rewrites

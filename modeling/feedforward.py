@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .linear import Linear, linear_then_activation
+from .linear import Linear, linear_then_activation, linears_on_one_input
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class GatedFeedForward(nn.Module):
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
-        return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x)))
+        gate, up = linears_on_one_input(x, self.gate_proj, self.up_proj)
+        return self.down_proj(self.dropout(self.act(gate) * up))
 
 
 class ClampedSwiGLU(GatedFeedForward):
@@ -80,6 +81,6 @@ class ClampedSwiGLU(GatedFeedForward):
         self.alpha = spec.alpha
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
-        gate = self.gate_proj(x).clamp(max=self.limit)
-        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
+        gate, up = linears_on_one_input(x, self.gate_proj, self.up_proj)
+        gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
         return self.down_proj(self.dropout((up + 1) * (gate * torch.sigmoid(gate * self.alpha))))

@@ -183,24 +183,51 @@ def int8_dynamic_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """`F.linear(x, weight, bias)` for a torchao dynamic int8 weight on fp32 activations on the CPU, as torchao
     computes it: each row of x scaled by its largest magnitude / 127.5 (at least eps), rounded to int8, multiplied
     in int8 with int32 sums, then scaled back by the row's and the output's scales. None where it does not apply."""
-    parts = int8_dynamic_parts(weight)
-    if parts is None or x.dtype != torch.float32 or not (x.is_cpu and parts[0].is_cpu):
+    found = int8_dynamic_linears(x, [(weight, bias)])
+    return None if found is None else found[0]
+
+
+def int8_dynamic_linears(
+    x: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor | None]]
+) -> list[torch.Tensor] | None:
+    """`[F.linear(x, weight, bias) for weight, bias in layers]` as `int8_dynamic_linear` computes each, with x
+    quantized once for all of them (attention's query, key and value read one input): the same results, bit for
+    bit. None unless every weight is a dynamic int8 one this path takes."""
+    if x.dtype != torch.float32 or not x.is_cpu or (torch.is_grad_enabled() and x.requires_grad):
+        return None  # the int8 product has no derivative
+    parts = [int8_dynamic_parts(weight) for weight, _ in layers]
+    if any(found is None or not found[0].is_cpu for found in parts):
         return None
-    if torch.is_grad_enabled() and x.requires_grad:  # the int8 product has no derivative
-        return None
-    qdata, w_scale = parts
     rows = x.reshape(-1, x.shape[-1])  # [N, C]
+    q, scale = _quantize_rows(rows)
+    outputs = []
+    for (qdata, w_scale), (_, bias) in zip(parts, layers, strict=True):
+        y = _int8_product(q, scale, qdata, w_scale, bias)
+        outputs.append(y.reshape(*x.shape[:-1], qdata.shape[0]))
+    return outputs
+
+
+def _quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [N, C] fp32 -> (int8 [N, C] in this thread's buffer, scale [N, 1]), torchao's per-row symmetric
+    quantization."""
     # The largest magnitude as max(-min, max), and the rounding in place: a fresh [N, C] float buffer costs its page
     # faults (abs().amax() makes one; aminmax is 10x slower than both reductions).
     largest = torch.maximum(-rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True))  # [N, 1]
     scale = (largest / _HALF_RANGE).clamp_(min=_EPS)  # [N, 1]
     scaled = torch.mul(rows, 1.0 / scale, out=_scratch("scaled", rows.shape, torch.float32))  # [N, C]
-    q = _scratch("rounded", rows.shape, torch.int8).copy_(scaled.round_().clamp_(-128, 127))  # [N, C]
-    sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (rows.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
+    return _scratch("rounded", rows.shape, torch.int8).copy_(scaled.round_().clamp_(-128, 127)), scale
+
+
+def _int8_product(
+    q: torch.Tensor, scale: torch.Tensor, qdata: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """q [N, C] int8 (rows scaled by scale [N, 1]) by qdata [O, C] int8 (rows scaled by w_scale [O]) + bias ->
+    [N, O] fp32."""
+    sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
     y = sums.to(torch.float32).mul_(scale).mul_(w_scale.to(torch.float32))  # [N, O]
     if bias is not None:
         y += bias
-    return y.reshape(*x.shape[:-1], qdata.shape[0])
+    return y
 
 
 def int8_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
 
-from .int8 import int8_linear
+from .int8 import int8_dynamic_linears, int8_linear
 
 
 def find_private(path: str) -> object | None:
@@ -191,6 +191,23 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def linears_on_one_input(x: torch.Tensor, *layers: nn.Module) -> list[torch.Tensor]:
+    """`[layer(x) for layer in layers]`. Where every layer is a plain fivefold `Linear` with a dynamic int8 weight
+    and nothing intercepts them, x is quantized once for all: the same results, and MiniLM's int8 query, key and
+    value projections spend a third of the time around their products."""
+    shared = (
+        len(layers) > 1
+        and not MISSING_PRIVATE
+        and type(x) in _PLAIN
+        and all(
+            type(layer) is Linear and type(layer.weight) not in _PLAIN and not _intercepted(layer) for layer in layers
+        )
+        and not _watched()
+    )
+    found = int8_dynamic_linears(x, [(layer.weight, layer.bias) for layer in layers]) if shared else None
+    return found if found is not None else [layer(x) for layer in layers]
 
 
 # Activations oneDNN applies to the matmul's output before writing it (a post-op): (attr, scalars, algorithm).

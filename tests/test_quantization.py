@@ -306,26 +306,71 @@ def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeyp
     pytest.importorskip("torchao")
     from fivefold.modeling import int8
 
-    kernel, calls = int8.int8_dynamic_linear, []
+    products, fallbacks = [], []
+    product, parts, f_linear = int8._int8_product, int8.int8_dynamic_parts, torch.nn.functional.linear
 
-    def counted(x, weight, bias):
-        y = kernel(x, weight, bias)
-        calls.append(y is not None)
-        return y
+    def counted(*args):
+        products.append(1)
+        return product(*args)
 
+    def watched_linear(x, weight, bias=None):
+        fallbacks.append(int8.int8_dynamic_parts(weight) is not None)
+        return f_linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", watched_linear)
     for model_type in ("bert", "mixtral"):
         row = unquantized(_arch(model_type))
         config = QUANTIZERS["torchao-int8-dynamic"].config("torchao-int8-dynamic")
         ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
-        monkeypatch.setattr(int8, "int8_dynamic_linear", lambda x, weight, bias: None)
+        monkeypatch.setattr(int8, "int8_dynamic_parts", lambda weight: None)  # torchao's own path everywhere
         reference = _output(ours, row["inputs"])
-        monkeypatch.setattr(int8, "int8_dynamic_linear", counted)
-        calls.clear()
+        monkeypatch.setattr(int8, "int8_dynamic_parts", parts)
+        monkeypatch.setattr(int8, "_int8_product", counted)
+        products.clear(), fallbacks.clear()
         got = _output(ours, row["inputs"])
-        assert calls and all(calls), model_type  # every quantized linear called took the int8 path
+        assert products and not any(fallbacks), model_type  # no int8 weight reached torchao's path
         experts = sum(3 * len(m.experts) for m in ours.modules() if isinstance(m, MixtureOfExperts))
-        assert len(calls) >= len(quantized_modules(ours)) - experts, model_type  # the rest, and the experts chosen
+        assert len(products) >= len(quantized_modules(ours)) - experts, model_type  # the rest, and experts chosen
         torch.testing.assert_close(got, reference, atol=0, rtol=0)
+
+
+def test_one_input_is_quantized_once_for_all_its_projections(monkeypatch):
+    """Attention's query, key and value (and a gated feed-forward's gate and up) read one input: with dynamic int8
+    weights it is quantized once for all of them, and each output equals torchao's own path bit for bit. A hook on
+    any of the layers, or a weight of another kind, and every layer runs on its own (its hooks run)."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    from fivefold.modeling import int8
+    from fivefold.modeling.linear import Linear, linears_on_one_input
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([Linear(64, 48), Linear(64, 32, bias=False), Linear(64, 48)])
+    quantize_(layers, Int8DynamicActivationInt8WeightConfig())
+    x = torch.randn(5, 7, 64) * 3
+    quantized, quantize = [], int8._quantize_rows
+    monkeypatch.setattr(int8, "_quantize_rows", lambda rows: quantized.append(1) or quantize(rows))
+
+    def check(*layers: torch.nn.Module, times: int) -> None:
+        quantized.clear()
+        with torch.no_grad():
+            got = linears_on_one_input(x, *layers)
+            want = [torch.nn.functional.linear(x, layer.weight, layer.bias) for layer in layers]  # torchao's path
+        assert len(got) == len(layers) and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        assert len(quantized) == times
+
+    check(*layers, times=1)
+    seen = []
+    hook = layers[1].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    check(*layers, times=3)
+    assert seen == [(5, 7, 32)]
+    hook.remove()
+    plain = Linear(64, 16)
+    quantized.clear()
+    with torch.no_grad():
+        got = linears_on_one_input(x, layers[0], plain)
+        assert torch.equal(got[1], plain(x)) and torch.equal(got[0], layers[0](x))
+    assert len(quantized) == 2  # layers[0] on its own in the fallback, then once more in the assertion
 
 
 def test_dynamic_int8_buffers_are_reused_without_mixing_calls(monkeypatch):
