@@ -214,7 +214,7 @@ def _quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # faults (abs().amax() makes one; aminmax is 10x slower than both reductions).
     largest = torch.maximum(-rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True))  # [N, 1]
     scale = (largest / _HALF_RANGE).clamp_(min=_EPS)  # [N, 1]
-    scaled = torch.mul(rows, 1.0 / scale, out=_scratch("scaled", rows.shape, torch.float32))  # [N, C]
+    scaled = torch.mul(rows, torch.reciprocal(scale), out=_scratch("scaled", rows.shape, torch.float32))  # [N, C]
     return _scratch("rounded", rows.shape, torch.int8).copy_(scaled.round_().clamp_(-128, 127)), scale
 
 
@@ -224,7 +224,7 @@ def _int8_product(
     """q [N, C] int8 (rows scaled by scale [N, 1]) by qdata [O, C] int8 (rows scaled by w_scale [O]) + bias ->
     [N, O] fp32."""
     sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
-    y = sums.to(torch.float32).mul_(scale).mul_(w_scale.to(torch.float32))  # [N, O]
+    y = sums.to(torch.float32).mul_(scale).mul_(w_scale if w_scale.dtype == torch.float32 else w_scale.float())
     if bias is not None:
         y += bias
     return y
