@@ -14,7 +14,7 @@ torchao's path multiplies in int8 (`torch._int_mm`) but spends more time around 
 search and rounding run as a dozen Python-level ops per call, and on a CPU with VNNI but no AMX it shifts the
 activations to uint8 and sums the whole weight again for the correction. `int8_dynamic_linear` runs the same
 arithmetic in a few ops (the same scales, roundings and sums: results equal torchao's bit for bit); MiniLM's full
-8 x 128 batch takes 192 ms on torchao's path and 65-69 ms on this one (Zen 4, AVX-512 VNNI, 2 threads), the fp32
+8 x 128 batch takes 192 ms on torchao's path and 58-66 ms on this one (Zen 4, AVX-512 VNNI, 2 threads), the fp32
 model 149.
 
 torchao is never imported: its weights are recognised by what they hold.
