@@ -22,6 +22,7 @@ from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .quantization import (
     check_quantized,
+    check_quantizing_to_disk,
     drop_quantization_only,
     is_quantized_weight,
     prepare_for_quantizer,
@@ -171,7 +172,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
         """transformers' loading of the weights; a quantizer quantizing at load reads the shards through `pread`,
         one tensor at a time (quantized_loading.py); tensors offloaded to "disk" as they are stored are not read
-        (offloaded_loading.py)."""
+        (offloaded_loading.py). A quantizer is not given weights that go to "disk" (check_quantizing_to_disk)."""
+        check_quantizing_to_disk(load_config)
         load = PreTrainedModel._load_pretrained_model
         if reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
             with read_through_pread(checkpoint_files) as read:

@@ -34,7 +34,8 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 
 class QuantizationError(ValueError):
-    """A quantizer loaded a model without quantizing any of its modules."""
+    """A quantizer loaded a model without quantizing any of its modules, or was asked to quantize weights that load
+    to "disk"."""
 
 
 def quant_method(quantization_config: object) -> str | None:
@@ -163,6 +164,24 @@ def is_quantized_weight(weight: object) -> bool:
 def quantized_modules(model: nn.Module) -> list[str]:
     """The names of the modules of `model` holding a quantized weight (the same count for stock and fivefold)."""
     return [name for name, module in model.named_modules() if is_quantized_weight(getattr(module, "weight", None))]
+
+
+def check_quantizing_to_disk(load_config: Any) -> None:
+    """Raises QuantizationError when a quantizer that quantizes as it loads is given a device map with modules on
+    "disk": transformers' torchao quantizer moves each such weight to an accelerator and fails there ("Torch not
+    compiled with CUDA enabled" on a CPU build, then a report of failed conversions). quanto refuses such a map
+    itself, and torchao a pre-quantized folder with one."""
+    quantizer = load_config.hf_quantizer
+    disk = [name for name, device in (load_config.device_map or {}).items() if device == "disk"]
+    if quantizer is None or quantizer.pre_quantized or not disk:
+        return
+    method = quant_method(quantizer.quantization_config)
+    more = f" and {len(disk) - 1} more" if len(disk) > 1 else ""
+    raise QuantizationError(
+        f'the {method} quantizer quantizes as it loads, and the device map puts {disk[0]!r}{more} on "disk": a '
+        "weight quantized at load cannot be offloaded to disk. Give max_memory room for the quantized model (int8 "
+        "weights take a quarter of fp32's), or load without quantization_config to offload full-precision experts"
+    )
 
 
 def check_quantized(model: nn.Module) -> None:

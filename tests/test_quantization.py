@@ -432,6 +432,34 @@ def test_other_torchao_int8_holders_keep_torchaos_path():
         assert int8.int8_linear(torch.randn(3, 32), weight, None) is None
 
 
+def test_quantizing_at_load_with_modules_on_disk_is_a_clear_error(unquantized, tmp_path):
+    """torchao quantizing as it loads, with a device map that offloads modules to "disk" (an explicit one, or
+    "auto" with too little max_memory): transformers' quantizer would move each such weight to an accelerator and
+    fail ("Torch not compiled with CUDA enabled", then a conversion report). fivefold refuses the load first, naming
+    a module on disk and what to do instead; the same map loads without the quantizer."""
+    pytest.importorskip("torchao")
+    row = unquantized(_arch("mixtral"))
+    config = QUANTIZERS["torchao-int8-weight"].config("torchao-int8-weight")
+    names = [name for name, m in row["ours"].named_modules() if isinstance(m, MixtureOfExperts)]
+    disk = f"{names[0]}.experts.1"
+    # Disjoint subtrees, as accelerate wants them: the expert on disk, its siblings and every other branch on the CPU.
+    device_map = {disk: "disk"}
+    for name, _ in row["ours"].named_modules():
+        branch = name and not disk.startswith(f"{name}.") and name != disk
+        if branch and not any(name.startswith(f"{other}.") for other in device_map):
+            device_map[name] = "cpu"
+    # "auto" sizes the model as the quantizer will store it: a tenth of its fp32 bytes is too little even in int8.
+    tenth = sum(p.numel() * p.element_size() for p in row["ours"].parameters()) // 10
+    for kwargs in (dict(device_map=device_map), dict(device_map="auto", max_memory={"cpu": tenth})):
+        with pytest.raises(QuantizationError, match=r'quantizes as it loads, and the device map puts .* on "disk"'):
+            row["cls"].from_pretrained(row["dst"], quantization_config=config, offload_folder=tmp_path, **kwargs)
+    assert not any(tmp_path.iterdir())  # refused before anything was offloaded
+    with pytest.raises(QuantizationError, match=rf"puts '{disk}' on \"disk\""):
+        row["cls"].from_pretrained(row["dst"], quantization_config=config, device_map=device_map)
+    loaded = row["cls"].from_pretrained(row["dst"], device_map=device_map).eval()
+    assert loaded.hf_device_map[disk] == "disk"
+
+
 def test_quantizing_at_load_reads_one_tensor_at_a_time(unquantized, monkeypatch):
     """A load through a quantizer reads the shards with `pread`, never mapped into the process (whose mapped pages
     would all stay resident until the load ends), hands freed memory back as it reads, and loads the same weights
