@@ -66,7 +66,11 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         gate, up = linears_on_one_input(x, self.gate_proj, self.up_proj)
-        return self.down_proj(self.dropout(self.act(gate) * up))
+        # Each [N, F] buffer dropped as soon as it is used: no more of them alive at once than in one expression.
+        gate = self.act(gate)
+        gate = gate * up
+        del up
+        return self.down_proj(self.dropout(gate))
 
 
 class ClampedSwiGLU(GatedFeedForward):

@@ -47,23 +47,29 @@ def _is_int8_tensor(weight: torch.Tensor) -> bool:
     return type(weight).__name__ == "Int8Tensor"
 
 
-# What `_per_row_int8` found for each weight, by id, dropped when the weight is collected: its checks (a read of
-# every zero point among them) cost more than GPT-2's smaller int8 products at one row.
-_FOUND: dict[int, tuple[weakref.ref, tuple | None]] = {}
+# What was found for each weight, by id, dropped when the weight is collected: the checks (a read of every zero
+# point among them) cost more than GPT-2's smaller int8 products at one row. torchao's int8 tensors are not changed
+# in place, so one finding holds for the weight's life.
+_FOUND: dict[tuple[str, int], tuple[weakref.ref, tuple | None]] = {}
+
+
+def _once_per_weight(kind: str, weight: torch.Tensor, find) -> tuple | None:
+    """`find(weight)`, computed on the first call for this weight and remembered until it is collected."""
+    key = (kind, id(weight))
+    found = _FOUND.get(key)
+    if found is not None and found[0]() is weight:
+        return found[1]
+    result = find(weight)
+    _FOUND[key] = (weakref.ref(weight), result)
+    weakref.finalize(weight, _FOUND.pop, key, None)
+    return result
 
 
 def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(qdata [O, C] int8, scale [O]) of an `Int8Tensor` quantized per row and symmetrically; None otherwise.
-    Found once per weight (torchao's int8 tensors are not changed in place)."""
+    """(qdata [O, C] int8, scale [O]) of an `Int8Tensor` quantized per row and symmetrically; None otherwise."""
     if not _is_int8_tensor(weight):
         return None
-    found = _FOUND.get(id(weight))
-    if found is not None and found[0]() is weight:
-        return found[1]
-    parts = _read_per_row_int8(weight)
-    _FOUND[id(weight)] = (weakref.ref(weight), parts)
-    weakref.finalize(weight, _FOUND.pop, id(weight), None)
-    return parts
+    return _once_per_weight("per-row", weight, _read_per_row_int8)
 
 
 def _read_per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -107,27 +113,41 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` through `_weight_int8pack_mm` for a torchao int8 weight-only weight on the CPU
     where the kernel is vectorised; None where it does not apply."""
-    if not INT8PACK_ON or not x.is_cpu or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    dtype = x.dtype
+    if not INT8PACK_ON or not x.is_cpu or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
+    packed = _once_per_weight("int8pack", weight, _int8pack_operands)
+    if packed is None:
+        return None
+    qdata, unit_scales, scale = packed
+    # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
+    # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
+    # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
+    # than the int8 weights themselves (2^-8 of a row's largest weight).
+    x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
+    if dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
+        y = y.to(dtype)
+    # A decoding step runs one of these per linear (210 for a SmolLM2-sized model): the dtype tests in Python cost a
+    # tenth of the `.to` calls they save.
+    scale = scale if scale.dtype == dtype else scale.to(dtype)
+    if bias is None:
+        y = torch.mul(y, scale)
+    else:
+        y = torch.addcmul(bias if bias.dtype == dtype else bias.to(dtype), y, scale)
+    return y.reshape(*x.shape[:-1], qdata.shape[0])
+
+
+def _int8pack_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(qdata [O, C] int8, unit scales [O] bf16, scale [O]) for `_weight_int8pack_mm`, or None where the kernel must
+    not take this weight."""
     parts = int8_weight_parts(weight)
     # The bf16 kernel reads past a row whose width is no multiple of 16, and crashes on int8 data not aligned to 16
     # bytes (weights memory-mapped from a file: torch 2.13 on AVX-512); those weights keep torchao's path. Asked:
     # the 64-byte alignment torch gives what it allocates.
     if parts is None or not parts[0].is_cpu or parts[0].shape[1] % 16 or parts[0].data_ptr() % 64:
         return None
-    qdata, scale = parts
-    # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
-    # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
-    # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
-    # than the int8 weights themselves (2^-8 of a row's largest weight).
-    x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-    y = _INT8PACK(x16, qdata, _unit_scales(qdata.shape[0]))  # [N, O] bf16
-    if x.dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
-        y = y.to(x.dtype)
-    scale = scale.to(x.dtype)
-    # One op after the kernel: a decoding step's 73 products are small enough that each op around them counts.
-    y = torch.mul(y, scale) if bias is None else torch.addcmul(bias.to(x.dtype), y, scale)
-    return y.reshape(*x.shape[:-1], qdata.shape[0])
+    return parts[0], _unit_scales(parts[0].shape[0]), parts[1]
 
 
 def int8_dynamic_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -195,9 +215,12 @@ def int8_dynamic_linears(
     bit. None unless every weight is a dynamic int8 one this path takes."""
     if x.dtype != torch.float32 or not x.is_cpu or (torch.is_grad_enabled() and x.requires_grad):
         return None  # the int8 product has no derivative
-    parts = [int8_dynamic_parts(weight) for weight, _ in layers]
-    if any(found is None or not found[0].is_cpu for found in parts):
-        return None
+    parts = []
+    for weight, _ in layers:
+        found = int8_dynamic_parts(weight)
+        if found is None or not found[0].is_cpu:
+            return None
+        parts.append(found)
     rows = x.reshape(-1, x.shape[-1])  # [N, C]
     q, scale = _quantize_rows(rows)
     outputs = []

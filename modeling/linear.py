@@ -227,6 +227,7 @@ def _intercepted(layer: nn.Module) -> bool:
         layer._forward_hooks
         or layer._forward_pre_hooks
         or "forward" in vars(layer)
+        or getattr(layer, "_compiled_call_impl", None) is not None  # `module.compile()`
         or nn.modules.module._global_forward_hooks
         or nn.modules.module._global_forward_pre_hooks
     )

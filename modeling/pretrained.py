@@ -173,7 +173,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         """transformers' loading of the weights; a quantizer quantizing at load reads the shards through `pread`,
         one tensor at a time (quantized_loading.py); tensors offloaded to "disk" as they are stored are not read
         (offloaded_loading.py). A quantizer is not given weights that go to "disk" (check_quantizing_to_disk)."""
-        check_quantizing_to_disk(load_config)
+        check_quantizing_to_disk(model, load_config)
         load = PreTrainedModel._load_pretrained_model
         if reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
             with read_through_pread(checkpoint_files) as read:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.integrations.accelerate import expand_device_map
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 from .linear import Linear
@@ -166,21 +167,30 @@ def quantized_modules(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if is_quantized_weight(getattr(module, "weight", None))]
 
 
-def check_quantizing_to_disk(load_config: Any) -> None:
-    """Raises QuantizationError when a quantizer that quantizes as it loads is given a device map with modules on
-    "disk": transformers' torchao quantizer moves each such weight to an accelerator and fails there ("Torch not
-    compiled with CUDA enabled" on a CPU build, then a report of failed conversions). quanto refuses such a map
-    itself, and torchao a pre-quantized folder with one."""
+def check_quantizing_to_disk(model: nn.Module, load_config: Any) -> None:
+    """Raises QuantizationError when a quantizer that quantizes as it loads is given a device map it cannot load:
+    a weight it would quantize on "disk", or, for torchao, any module on disk. transformers 5.24's torchao loading
+    then fails on every weight it quantizes ("Torch not compiled with CUDA enabled" on a CPU build, then a report of
+    failed conversions), with only the head on disk too. Other quantizers may leave what they skip on disk
+    (bitsandbytes' offloaded modules). quanto refuses such a map itself, and torchao a pre-quantized folder."""
     quantizer = load_config.hf_quantizer
-    disk = [name for name, device in (load_config.device_map or {}).items() if device == "disk"]
-    if quantizer is None or quantizer.pre_quantized or not disk:
+    device_map = load_config.device_map or {}
+    if quantizer is None or quantizer.pre_quantized or "disk" not in device_map.values():
         return
     method = quant_method(quantizer.quantization_config)
-    more = f" and {len(disk) - 1} more" if len(disk) > 1 else ""
+    names = [name for name, _ in model.named_parameters()]
+    placed = expand_device_map(device_map, names)
+    disk = [name for name in names if placed[name] == "disk"]
+    if method != "torchao":
+        disk = [name for name in disk if quantizer.param_needs_quantization(model, name)]
+    if not disk:
+        return
+    modules = sorted({name.rpartition(".")[0] for name in disk})
+    more = f" and {len(modules) - 1} more modules" if len(modules) > 1 else ""
     raise QuantizationError(
-        f'the {method} quantizer quantizes as it loads, and the device map puts {disk[0]!r}{more} on "disk": a '
-        "weight quantized at load cannot be offloaded to disk. Give max_memory room for the quantized model (int8 "
-        "weights take a quarter of fp32's), or load without quantization_config to offload full-precision experts"
+        f'the {method} quantizer quantizes as it loads, and the device map puts {modules[0]!r}{more} on "disk", '
+        "which it cannot load. Give max_memory room for the quantized model (int8 weights take a quarter of "
+        "fp32's), or load without quantization_config to offload full-precision experts"
     )
 
 

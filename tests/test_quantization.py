@@ -306,8 +306,9 @@ def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeyp
     pytest.importorskip("torchao")
     from fivefold.modeling import int8
 
-    products, fallbacks = [], []
+    products, fallbacks, quantized = [], [], []
     product, parts, f_linear = int8._int8_product, int8.int8_dynamic_parts, torch.nn.functional.linear
+    quantize = int8._quantize_rows
 
     def counted(*args):
         products.append(1)
@@ -326,9 +327,11 @@ def test_dynamic_int8_runs_in_int8_and_equals_torchaos_path(unquantized, monkeyp
         reference = _output(ours, row["inputs"])
         monkeypatch.setattr(int8, "int8_dynamic_parts", parts)
         monkeypatch.setattr(int8, "_int8_product", counted)
-        products.clear(), fallbacks.clear()
+        monkeypatch.setattr(int8, "_quantize_rows", lambda rows: quantized.append(1) or quantize(rows))
+        products.clear(), fallbacks.clear(), quantized.clear()
         got = _output(ours, row["inputs"])
         assert products and not any(fallbacks), model_type  # no int8 weight reached torchao's path
+        assert len(quantized) < len(products), model_type  # query, key and value shared their input's quantization
         experts = sum(3 * len(m.experts) for m in ours.modules() if isinstance(m, MixtureOfExperts))
         assert len(products) >= len(quantized_modules(ours)) - experts, model_type  # the rest, and experts chosen
         torch.testing.assert_close(got, reference, atol=0, rtol=0)
@@ -436,7 +439,7 @@ def test_quantizing_at_load_with_modules_on_disk_is_a_clear_error(unquantized, t
     """torchao quantizing as it loads, with a device map that offloads modules to "disk" (an explicit one, or
     "auto" with too little max_memory): transformers' quantizer would move each such weight to an accelerator and
     fail ("Torch not compiled with CUDA enabled", then a conversion report). fivefold refuses the load first, naming
-    a module on disk and what to do instead; the same map loads without the quantizer."""
+    a module on disk and what to do instead."""
     pytest.importorskip("torchao")
     row = unquantized(_arch("mixtral"))
     config = QUANTIZERS["torchao-int8-weight"].config("torchao-int8-weight")
@@ -454,10 +457,36 @@ def test_quantizing_at_load_with_modules_on_disk_is_a_clear_error(unquantized, t
         with pytest.raises(QuantizationError, match=r'quantizes as it loads, and the device map puts .* on "disk"'):
             row["cls"].from_pretrained(row["dst"], quantization_config=config, offload_folder=tmp_path, **kwargs)
     assert not any(tmp_path.iterdir())  # refused before anything was offloaded
-    with pytest.raises(QuantizationError, match=rf"puts '{disk}' on \"disk\""):
+    with pytest.raises(QuantizationError, match=rf"puts '{disk}\.\w+' and 2 more modules on \"disk\""):
         row["cls"].from_pretrained(row["dst"], quantization_config=config, device_map=device_map)
-    loaded = row["cls"].from_pretrained(row["dst"], device_map=device_map).eval()
-    assert loaded.hf_device_map[disk] == "disk"
+    # transformers' torchao loading fails with only the head on disk too (every weight it quantizes).
+    head_on_disk = {**{k: v for k, v in device_map.items() if k != disk}, disk: "cpu", "lm_head": "disk"}
+    with pytest.raises(QuantizationError, match="puts 'lm_head' on \"disk\""):
+        row["cls"].from_pretrained(row["dst"], quantization_config=config, device_map=head_on_disk)
+
+
+def test_other_quantizers_may_leave_what_they_skip_on_disk():
+    """A quantizer other than torchao is refused only for a weight it would quantize on "disk"; a module it leaves
+    alone (bitsandbytes' offloaded modules, its skip list) may go there."""
+    from types import SimpleNamespace
+
+    from fivefold.modeling.quantization import check_quantizing_to_disk
+
+    model = nn.ModuleDict({"body": nn.Linear(4, 4), "head": nn.Linear(4, 2)})
+    quantizer = SimpleNamespace(
+        pre_quantized=False,
+        quantization_config=SimpleNamespace(quant_method="bitsandbytes"),
+        param_needs_quantization=lambda model, name: name.startswith("body."),
+    )
+
+    def check(device_map: dict) -> None:
+        check_quantizing_to_disk(model, SimpleNamespace(hf_quantizer=quantizer, device_map=device_map))
+
+    check({"body": "cpu", "head": "disk"})
+    with pytest.raises(QuantizationError, match="puts 'body' on \"disk\""):
+        check({"body": "disk", "head": "cpu"})
+    quantizer.pre_quantized = True  # a saved folder: the quantizer's own checks apply
+    check({"body": "disk", "head": "cpu"})
 
 
 def test_quantizing_at_load_reads_one_tensor_at_a_time(unquantized, monkeypatch):
@@ -597,8 +626,9 @@ def test_int8_weight_checked_once_and_forgotten_with_it(monkeypatch):
     quantize_(layer, Int8WeightOnlyConfig())
     first, again = int8.int8_weight_parts(layer.weight), int8.int8_weight_parts(layer.weight)  # (no kernel asked)
     assert len(reads) == 1 and first is not None and all(a is b for a, b in zip(first, again, strict=True))
-    key = id(layer.weight)
-    assert key in int8._FOUND
+    int8.int8_weight_only_linear(torch.randn(2, 32), layer.weight, layer.bias)  # the kernel's operands too
+    keys = [("per-row", id(layer.weight)), ("int8pack", id(layer.weight))]
+    assert all(key in int8._FOUND for key in keys[: 1 + int8.INT8PACK_ON])
     del layer
     gc.collect()
-    assert key not in int8._FOUND
+    assert not any(key in int8._FOUND for key in keys)
