@@ -91,7 +91,7 @@ def child(job: dict) -> dict:
     import fivefold  # registers fivefold's classes
 
     name = job["name"]
-    kwargs = {} if name == "whole" else dict(device_map="auto", max_memory={"cpu": job["max_memory"]})
+    kwargs = {} if job.get("max_memory") is None else dict(device_map="auto", max_memory={"cpu": job["max_memory"]})
     offload = Path(job["offload"])
     stock_name, fivefold_name, _ = MODELS[job["model"]]
     if name == "stock":
@@ -99,7 +99,7 @@ def child(job: dict) -> dict:
     else:
         cls, folder = getattr(fivefold, fivefold_name), job["fivefold"]
         kwargs.update(CONTENDERS.get(name, {}))
-        if name != "whole":
+        if "max_memory" in job:
             kwargs["offload_folder"] = offload  # given, so that anything written would show
     start = time.perf_counter()
     model = cls.from_pretrained(folder, **kwargs).eval()
@@ -249,6 +249,8 @@ def main() -> None:
     parser = command_line(__doc__)
     parser.add_argument("--slack", type=float, default=700, help="MB of cgroup limit above max_memory (default 700)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--int8", action="store_true", help="also the model quantized to int8, experts read in int8")
+    parser.add_argument("--routers", default="random,skewed", help="comma-separated, of random, skewed")
     args = parse(parser)
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
     threads = torch.get_num_threads()
@@ -275,7 +277,8 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
     header = ["contender", "tok/s", "prefill tok/s", "peak MB", "read MB/token", "hit rate", "prefetch right",
               "load s", "written MB", "tokens = whole", "max logit diff"]  # fmt: skip
     results = []
-    routers = (("random", None), ("skewed (Zipf)", zipf_router))
+    routers = [(name, init) for name, init in (("random", None), ("skewed (Zipf)", zipf_router))
+               if name.split()[0] in args.routers.split(",")]  # fmt: skip
     for router, init in routers[:1] if args.quick else routers:
         with checkpoints(stock_class, fields, init=init) as found:
             job = dict(stock=str(found.stock_dir), fivefold=str(found.fivefold_dir), threads=threads, **shape)
@@ -310,7 +313,53 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
                         "unit": "tokens/s", "higher_is_better": True,
                         "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
                     })  # fmt: skip
+            if args.int8:
+                lines += int8_rows(found, job, others, experts, bandwidth, use_cgroup, args, header)
     return results
+
+
+def int8_rows(found, job: dict, others: int, experts: int, bandwidth: float, use_cgroup: bool, args, header) -> list:
+    """The same model quantized with torchao (int8 weight-only) and saved, its experts left in that checkpoint and
+    read in int8 when they run: at a quarter of its experts resident, and at the max_memory that keeps a quarter of
+    the fp32 experts; against the int8 model whole in memory."""
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    import fivefold
+    from fivefold.modeling.quantized_experts import held_bytes
+
+    int8_dir = found.fivefold_dir.parent / "int8"
+    cls = getattr(fivefold, MODELS[job["model"]][1])
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    model = cls.from_pretrained(found.fivefold_dir, quantization_config=config)
+    model.save_pretrained(int8_dir)
+    sizes = [(name, held_bytes(p)) for name, p in model.named_parameters()]
+    int8_experts = sum(size for name, size in sizes if ".experts." in name)
+    int8_others = sum(size for _, size in sizes) - int8_experts
+    del model
+    job = {**job, "fivefold": str(int8_dir)}
+    whole = run_contender({**job, "name": "int8 whole"}, None, use_cgroup, fresh=not args.quick)
+    if "error" in whole:
+        return ["", f"int8: the whole model failed: {whole['error']}"]
+    budgets = {
+        "fivefold int8, cache, 25% of int8 experts": int(int8_others + 0.25 * int8_experts),
+        "fivefold int8, cache, the fp32 25% budget": int(others + 0.25 * experts),
+    }
+    runs = {}
+    for name, budget in budgets.items():
+        limit = int(budget + args.slack * MB)
+        runs[name] = run_contender({**job, "name": name, "max_memory": budget}, limit, use_cgroup)
+    quarter = runs["fivefold int8, cache, 25% of int8 experts"]
+    floor = max(1 / whole["tok_s"], (quarter.get("cache_read_per_token") or 0) / bandwidth)
+    lines = [
+        "",
+        f"{MODELS[job['model']][0]} int8 (torchao weight-only, saved and loaded pre-quantized): experts"
+        f" {int8_experts / MB:,.0f} MB, the rest {int8_others / MB:,.0f} MB; max_memory"
+        f" {', '.join(f'{b / MB:,.0f}' for b in budgets.values())} MB (cgroup limit + {args.slack:,.0f} MB);"
+        f" floor at 25% {1 / floor:.2f} tok/s; tokens and logits against the int8 model whole",
+        "",
+    ]
+    rows = [row(name, got, whole) for name, got in runs.items()] + [row("int8 whole in memory", whole, whole)]
+    return lines + table(header, rows)
 
 
 if __name__ == "__main__":

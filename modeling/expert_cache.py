@@ -50,16 +50,22 @@ class CacheStats:
 
 
 class OffloadedExpert:
-    """One expert whose weights may live off its execution device: its tensors' sources, and a way to put them on
-    the module (while cached, or for one call) and take them off (back to meta)."""
+    """One expert whose weights may live off its execution device: its stored tensors' sources, how they make its
+    parameters (`assemble`: each parameter its own stored tensor by default; a quantized one may be several, see
+    quantized_experts.py), and a way to put them on the module (while cached, or for one call) and take them off
+    (back to meta)."""
 
-    def __init__(self, module: nn.Module, layer: str, index: int, sources: dict, device: torch.device):
+    def __init__(
+        self, module: nn.Module, layer: str, index: int, sources: dict, device: torch.device, assemble=None
+    ) -> None:
         self.module, self.layer, self.index, self.device = module, layer, index, torch.device(device)
-        self.sources = sources  # {parameter name in the module: FileTensor | MemoryTensor}
+        self.sources = sources  # {stored tensor name in the module: FileTensor | MemoryTensor}
         self.shapes = {name: (p.shape, p.dtype) for name, p in module.named_parameters()}
-        if set(self.shapes) != set(sources):
-            raise ValueError(f"{layer}.experts.{index}: no source for {sorted(set(self.shapes) - set(sources))}")
-        self.nbytes = sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())  # on the device
+        self.assemble = assemble if assemble is not None else AsStored(self.shapes)
+        if set(self.assemble.stored_names()) != set(sources):
+            missing = sorted(set(self.assemble.stored_names()) - set(sources))
+            raise ValueError(f"{layer}.experts.{index}: no source for {missing}")
+        self.nbytes = self.assemble.device_bytes(sources)  # on the device
         self.read_bytes = sum(source.nbytes for source in sources.values())  # from disk, per read
         self.flops_per_token = 2 * sum(shape.numel() for shape, _ in self.shapes.values())
         self.owned: dict[str, torch.Tensor] = {}  # read buffers its parameters are views of, while materialized
@@ -68,7 +74,7 @@ class OffloadedExpert:
         return f"OffloadedExpert({self.layer}.experts.{self.index})"
 
     def read(self, spare: list[dict[str, torch.Tensor]] = ()) -> dict[str, torch.Tensor]:
-        """Its tensors in CPU memory (pinned for an accelerator), in the dtypes of the module's parameters."""
+        """Its parameters in CPU memory (pinned for an accelerator), as the module holds them."""
         return self.typed(self.fill(self.buffers(spare)))
 
     def buffers(self, spare: list[dict[str, torch.Tensor]] = ()) -> dict[str, torch.Tensor | None]:
@@ -86,20 +92,20 @@ class OffloadedExpert:
         return {name: source.read(into=buffers[name]) for name, source in self.sources.items()}
 
     def typed(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
+        """Its parameters, by name, from its stored tensors."""
+        return self.assemble(tensors)
 
     def materialize(
         self, tensors: dict[str, torch.Tensor], device: torch.device, buffers: dict[str, torch.Tensor] | None = None
     ) -> None:
-        """Puts the tensors on the module; `buffers`, those they were read into, are kept for `release` to hand on
-        where the parameters are views of them."""
-        self.owned = {}
+        """Puts the parameters on the module; `buffers`, the stored tensors were read into, are kept for `release`
+        to hand on where a parameter (or a quantized parameter's data) is a view of them."""
+        held = set()
         for name, tensor in tensors.items():
             parameter = tensor.to(device, non_blocking=True)
             _set_parameter(self.module, name, parameter)
-            buffer = (buffers or {}).get(name)
-            if buffer is not None and parameter.untyped_storage().data_ptr() == buffer.data_ptr():
-                self.owned[name] = buffer
+            held |= _storages(parameter)
+        self.owned = {n: b for n, b in (buffers or {}).items() if b is not None and b.data_ptr() in held}
 
     def release(self) -> dict[str, torch.Tensor]:
         """Back to meta; the read buffers its parameters were views of, free for another expert's read."""
@@ -111,6 +117,32 @@ class OffloadedExpert:
     @property
     def materialized(self) -> bool:
         return next(iter(self.module.parameters())).device.type != "meta"
+
+
+class AsStored:
+    """Each parameter is the stored tensor of its own name, in the parameter's dtype."""
+
+    def __init__(self, shapes: dict[str, tuple[torch.Size, torch.dtype]]) -> None:
+        self.shapes = shapes
+
+    def stored_names(self, parameter: str | None = None) -> list[str]:
+        """The stored tensors that make `parameter` (every parameter's by default)."""
+        return list(self.shapes) if parameter is None else [parameter]
+
+    def device_bytes(self, sources: dict) -> int:
+        return sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
+
+
+def _storages(tensor: torch.Tensor) -> set[int]:
+    """Where a tensor's data lives: its storage, or, for a tensor subclass holding others (a quantized weight's
+    data and scales), theirs."""
+    if hasattr(tensor, "__tensor_flatten__"):
+        inner, _ = tensor.__tensor_flatten__()
+        return {ptr for name in inner for ptr in _storages(getattr(tensor, name))}
+    return {tensor.untyped_storage().data_ptr()}
 
 
 def _held_only_here(buffer: torch.Tensor) -> bool:

@@ -25,9 +25,10 @@ from torch import nn
 
 from .expert_cache import ExpertCache, OffloadedExpert
 from .expert_eviction import eviction_named
-from .expert_store import FileTensor, MemoryTensor, index_folders
+from .expert_store import FileTensor, MemoryTensor, folder_files, index_files
 from .moe import MixtureOfExperts
 from .prefetch import ExpertPrefetcher
+from .quantized_experts import expert_sources, held_bytes
 
 
 class OffloadedTraining(RuntimeError):
@@ -64,13 +65,16 @@ class ExpertWeights(Mapping):
         self.expert = expert
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self.expert.sources[name].read().to(self.expert.shapes[name][1])
+        if name not in self.expert.shapes:  # a stored part of a quantized weight, saved as stored
+            return self.expert.sources[name].read()
+        parts = self.expert.assemble.stored_names(name)
+        return self.expert.typed({part: self.expert.sources[part].read() for part in parts})[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.expert.sources)
+        return iter(self.expert.shapes)
 
     def __len__(self) -> int:
-        return len(self.expert.sources)
+        return len(self.expert.shapes)
 
 
 def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> ExpertCache | None:
@@ -78,13 +82,18 @@ def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> E
     offloaded."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MixtureOfExperts)]
     offloaded = [found for name, layer in layers for found in _offloaded(name, layer)]
+    folders, left = getattr(model, "experts_left_in_checkpoint", (set(), {}))
+    stored = index_files(folder_files(folders)) if left else ({}, {})
+    offloaded += _left_in_checkpoint(layers, left, stored)
     if not offloaded:
         return None
     setting = getattr(model.config, "expert_cache_bytes", None)
     budget = None if setting is None else convert_file_size_to_int(setting)
     if budget != 0:  # experts the device map placed on the device are the cache's too, where it can read them back
-        folders = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
-        offloaded += _resident(layers, folders)
+        found = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
+        if found - folders:
+            stored = index_files(folder_files(found | folders))
+        offloaded += _resident(layers, stored)
     if budget is None:
         budget = _default_budget(model, offloaded, max_memory)
     direct = getattr(model.config, "expert_direct_reads", None)
@@ -154,21 +163,34 @@ def _source(weights_map, leaf: str):
     return FileTensor(info["safetensors_file"], info.get("weight_name", key))
 
 
-def _resident(layers: list, folders: set[Path]) -> list[OffloadedExpert]:
-    """The experts the device map placed on the execution device whose tensors these folders hold."""
-    if not folders:
-        return []
-    files = index_folders(folders)
+def _resident(layers: list, stored: tuple[dict, dict]) -> list[OffloadedExpert]:
+    """The experts the device map placed on the execution device whose tensors the checkpoint files hold."""
     found = []
     for layer_name, layer in layers:
         for index, expert in enumerate(layer.experts):
             params = dict(expert.named_parameters())
             if not params or any(p.device.type == "meta" for p in params.values()):
                 continue
-            prefix = f"{layer_name}.experts.{index}."
-            sources = {name: files.get(prefix + name) for name in params}
-            if all(s is not None and s.entry.shape == tuple(params[n].shape) for n, s in sources.items()):
-                found.append(OffloadedExpert(expert, layer_name, index, sources, next(iter(params.values())).device))
+            where = expert_sources(expert, f"{layer_name}.experts.{index}.", *stored)
+            if where is not None:
+                device = next(iter(params.values())).device
+                found.append(OffloadedExpert(expert, layer_name, index, where[0], device, assemble=where[1]))
+    return found
+
+
+def _left_in_checkpoint(layers: list, left: dict[str, str], stored: tuple[dict, dict]) -> list[OffloadedExpert]:
+    """The experts a quantized load left unread in the checkpoint (prequantized_offload.py), on meta until they
+    run on `left`'s device for them."""
+    found = []
+    for layer_name, layer in layers:
+        for index, expert in enumerate(layer.experts):
+            name = f"{layer_name}.experts.{index}"
+            if name not in left:
+                continue
+            where = expert_sources(expert, f"{name}.", *stored)
+            if where is None:
+                raise ValueError(f"{name} was left in the checkpoint at load, which no longer holds all its tensors")
+            found.append(OffloadedExpert(expert, layer_name, index, where[0], left[name], assemble=where[1]))
     return found
 
 
@@ -183,5 +205,5 @@ def _default_budget(model: nn.Module, experts: list[OffloadedExpert], max_memory
         return placed
     managed = {id(p) for e in experts for p in e.module.parameters()}
     tensors = [*model.parameters(), *model.buffers()]
-    resident = sum(t.numel() * t.element_size() for t in tensors if t.device == device and id(t) not in managed)
+    resident = sum(held_bytes(t) for t in tensors if t.device == device and id(t) not in managed)
     return max(placed, convert_file_size_to_int(limit) - resident)

@@ -16,6 +16,7 @@ A file system that refuses O_DIRECT (tmpfs before Linux 6.6, ext4 with data=jour
 cache; tensors under 1 MiB always are.
 """
 
+import ctypes
 import errno
 import json
 import mmap
@@ -34,6 +35,7 @@ _DTYPES = {
 
 
 _OWN_PAGES = 1 << 20  # bytes from which a read buffer gets pages of its own
+_ALIGN = 64  # bytes: what torch gives what it allocates, and its int8 kernel asks of its data
 _PAGE = mmap.PAGESIZE  # the alignment O_DIRECT asks of offsets, sizes and buffers (a multiple of the block size)
 
 
@@ -55,6 +57,13 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorEntry]:
         return _parse_header(f, path)
 
 
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata a safetensors file holds beside its tensors (a quantizer's description of them)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length)).get("__metadata__") or {}
+
+
 def _parse_header(f, path) -> dict[str, TensorEntry]:
     size = os.fstat(f.fileno()).st_size
     head = f.read(8)
@@ -63,7 +72,11 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
     (length,) = struct.unpack("<Q", head)
     if 8 + length > size:
         raise ExpertReadError(f"{path} is truncated: its header says {length} bytes, the file has {size}")
-    header = json.loads(f.read(length))
+    raw = f.read(length)
+    seen = _PARSED.get(str(path))
+    if seen is not None and seen[0] == raw:
+        return seen[1]
+    header = json.loads(raw)
     header.pop("__metadata__", None)
     entries = {}
     for name, info in header.items():
@@ -71,7 +84,14 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
         if info["dtype"] not in _DTYPES:
             raise ExpertReadError(f"{path}: tensor {name} has dtype {info['dtype']}, which fivefold cannot read")
         entries[name] = TensorEntry(_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + length + begin, end - begin)
+    _PARSED[str(path)] = (raw, entries)
     return entries
+
+
+# The last header parsed of each file, as read and as parsed: a read checks the file's header at every call, and a
+# header read again unchanged is not parsed again (a quantized expert reads nine tensors, and parsing the header of
+# a large checkpoint takes milliseconds).
+_PARSED: dict[str, tuple[bytes, dict[str, TensorEntry]]] = {}
 
 
 class FileTensor:
@@ -82,6 +102,7 @@ class FileTensor:
         self.entry = entry if entry is not None else self._entry_in(read_header(path))
         self.nbytes = self.entry.nbytes  # the bytes a read takes from the file
         self.direct = False  # set by the expert cache: reads of large tensors bypass the page cache
+        self.aligned = False  # set for a kernel that needs its data on a 64-byte boundary (int8.py)
 
     @property
     def capacity(self) -> int:
@@ -131,6 +152,8 @@ class FileTensor:
             raise ExpertReadError(f"reading tensor {self.name} from {self.path} failed: {error}") from error
         if got != self.nbytes:
             raise ExpertReadError(f"{self.path} is truncated: tensor {self.name} lies past its end")
+        if self.aligned and skip % _ALIGN:
+            skip = _moved_back(out, skip, self.nbytes)
         return out[skip : skip + self.nbytes].view(self.entry.dtype).reshape(self.entry.shape)
 
     def _reads_directly(self, out: torch.Tensor) -> bool:
@@ -173,6 +196,14 @@ class FileTensor:
         return skip, min(max(done - skip, 0), self.nbytes)
 
 
+def _moved_back(out: torch.Tensor, skip: int, nbytes: int) -> int:
+    """Moves `nbytes` at `skip` in `out` back to the 64-byte boundary below; where they now start. A direct read
+    puts a tensor where it lies within its first page, and safetensors aligns tensors to 8 bytes only."""
+    start = skip - skip % _ALIGN
+    ctypes.memmove(out.data_ptr() + start, out.data_ptr() + skip, nbytes)  # overlapping: memmove, not a copy
+    return start
+
+
 class MemoryTensor:
     """A tensor already in CPU memory (an expert placed on "cpu" while the model runs on an accelerator)."""
 
@@ -188,12 +219,17 @@ class MemoryTensor:
         return self.tensor
 
 
-def index_folders(folders: set[Path]) -> dict[str, FileTensor]:
-    """Every tensor of the safetensors files in these folders, by name (for the experts a device map placed on the
-    execution device, which the cache may evict and read back later)."""
-    out = {}
-    for folder in sorted(folders):
-        for file in sorted(folder.glob("*.safetensors")):
-            for name, entry in read_header(file).items():
-                out.setdefault(name, FileTensor(file, name, entry))
-    return out
+def index_files(files: list[Path]) -> tuple[dict[str, FileTensor], dict[str, str]]:
+    """Every tensor of these safetensors files, by name, and their metadata merged (for the experts a device map
+    placed on the execution device, which the cache may evict and read back later, and those a quantized checkpoint
+    leaves on "disk")."""
+    tensors, metadata = {}, {}
+    for file in files:
+        for name, entry in read_header(file).items():
+            tensors.setdefault(name, FileTensor(file, name, entry))
+        metadata.update(read_metadata(file))
+    return tensors, metadata
+
+
+def folder_files(folders: set[Path]) -> list[Path]:
+    return [file for folder in sorted(folders) for file in sorted(folder.glob("*.safetensors"))]

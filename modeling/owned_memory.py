@@ -36,11 +36,11 @@ def _quantized(tensor: torch.Tensor | None) -> bool:
     )
 
 
-def own_file_backed_tensors(model: nn.Module) -> int:
+def own_file_backed_tensors(model: nn.Module, only_quantized: bool = False) -> int:
     """Copies every CPU parameter and buffer that is a view of a mapped file into memory of its own (tied weights
-    stay tied); returns the bytes copied."""
+    stay tied), or only the quantized ones; returns the bytes copied."""
     copied = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
+    for tensor in [] if only_quantized else [*model.parameters(), *model.buffers()]:
         # (A DTensor answers for its storage as before: the test is the plain tensors' one.)
         if tensor.device.type == "cpu" and not _quantized(tensor) and not tensor.untyped_storage().resizable():
             tensor.data = tensor.data.clone()

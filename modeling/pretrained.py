@@ -20,6 +20,7 @@ from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
+from .prequantized_offload import expert_of, leaving, left_by_this_load, plan, read_without_experts, record
 from .quantization import (
     check_quantized,
     check_quantizing_to_disk,
@@ -29,6 +30,7 @@ from .quantization import (
     quantize_embeddings,
     saved_once,
 )
+from .quantized_experts import offloaded_parts_saved
 from .quantized_loading import read_through_pread, reads_one_tensor_at_a_time
 from .rank_zero import on_rank_0
 from .rotary import RotaryEmbedding
@@ -130,8 +132,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         quantize_embeddings(model)
         check_quantized(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
-        if cls.copy_file_backed_weights and model.expert_cache is None:  # offloaded experts stay in their files
-            own_file_backed_tensors(model)
+        if cls.copy_file_backed_weights:  # offloaded experts stay in their files, and only quantized weights
+            own_file_backed_tensors(model, only_quantized=model.expert_cache is not None)  # need aligned data
         if getattr(model, "is_quantized", False):
             return_freed_memory()  # the full-precision weights the quantizer replaced
         return loaded
@@ -166,7 +168,14 @@ class FivefoldPreTrainedModel(PreTrainedModel):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        planned = plan(cls, pretrained_model_name_or_path, kwargs)  # a quantized checkpoint's experts on "disk"
+        if planned is None:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        kwargs, left, device_map = planned
+        with leaving(left):  # none for an "auto" map that keeps everything in memory
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).hf_device_map = device_map
+        return loaded
 
     @staticmethod
     def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
@@ -175,6 +184,13 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         (offloaded_loading.py). A quantizer is not given weights that go to "disk" (check_quantizing_to_disk)."""
         check_quantizing_to_disk(model, load_config)
         load = PreTrainedModel._load_pretrained_model
+        left = left_by_this_load()
+        if left and state_dict is None and checkpoint_files:  # experts the expert cache reads when they run
+            record(model, checkpoint_files, left)
+            with read_without_experts(checkpoint_files, left) as read:
+                info, index = load(model, read, checkpoint_files, load_config, expected_keys)
+            info.missing_keys = {key for key in info.missing_keys if expert_of(key) not in left}
+            return info, index
         if reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
             with read_through_pread(checkpoint_files) as read:
                 return load(model, read, checkpoint_files, load_config, expected_keys)
@@ -182,6 +198,17 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             with read_without_offloaded(model, checkpoint_files, load_config) as read:
                 return load(model, read, checkpoint_files, load_config, expected_keys)
         return load(model, state_dict, checkpoint_files, load_config, expected_keys)
+
+    def get_parameter_or_buffer(self, target: str) -> Any:
+        """transformers' lookup, which a save asks of every tensor on meta in the state dict: while a quantized model
+        with experts left in its checkpoint is saved, those include their stored parts (quantized_experts.py)."""
+        try:
+            return super().get_parameter_or_buffer(target)
+        except AttributeError:
+            part = self.__dict__.get("offloaded_parts", {}).get(target)
+            if part is None:
+                raise
+            return part
 
     def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
         """transformers' resize, refused for a quantized input table (`include_input_output_embeddings=True`):
@@ -310,7 +337,7 @@ class FivefoldPreTrainedModel(PreTrainedModel):
             os.makedirs(save_directory, exist_ok=True)
             # Written before the weights so that push_to_hub uploads the code too.
             self.config.auto_map = self.converter.write_remote_code(save_directory, type(self.config))
-        with saved_once(self):
+        with saved_once(self), offloaded_parts_saved(self):
             super().save_pretrained(save_directory, *args, **kwargs)
 
 

@@ -1,0 +1,200 @@
+"""Loading a torchao-quantized checkpoint with experts on "disk": the experts stay in the checkpoint, unread, and
+the expert cache reads them in their quantized form when they run (quantized_experts.py), an int8 expert a quarter
+of an fp32 one's bytes.
+
+transformers 5.24 refuses any "disk" in the device map of a pre-quantized torchao checkpoint: its offloading writes
+full-precision tensors, and cannot hold torchao's. So transformers never sees those experts on "disk": the device
+map it is given puts each on its layer's execution device, the load leaves its tensors unread (they are not handed
+to the loader) and its parameters on meta (not materialized as missing, nor reported missing), and
+`model.experts_left_in_checkpoint` tells `attach_expert_offload` where they are. Only experts may be left so: any
+other module on "disk" is an error naming it. `device_map="auto"` is computed first as transformers computes it,
+with the quantizer's sizes (int8 weights one byte per value), and `model.hf_device_map` says "disk" for those
+experts, as it does for offloaded modules.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers.integrations.accelerate import expand_device_map
+
+from .moe import MixtureOfExperts
+from .quantization import QuantizationError, quant_method
+
+# The experts the load in progress leaves in the checkpoint ({module name: execution device}), from `from_pretrained`
+# to the loader (`_load_pretrained_model`), which transformers calls in between.
+_LEAVING: ContextVar[dict[str, str] | None] = ContextVar("experts_left_in_checkpoint", default=None)
+
+_AUTO = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> tuple[dict, dict[str, str], dict] | None:
+    """For a pre-quantized torchao checkpoint loaded with "auto" or a device map that puts experts on "disk": (the
+    load's arguments with those experts on their execution device, {expert: execution device}, the device map
+    asked for, computed for "auto"). None for any other load."""
+    device_map = kwargs.get("device_map")
+    if name is None or device_map is None or kwargs.get("quantization_config") is not None:
+        return None
+    if kwargs.get("state_dict") is not None or not (isinstance(device_map, dict) or device_map in _AUTO):
+        return None
+    config = kwargs.get("config")
+    if not hasattr(config, "to_dict"):
+        hub = {k: kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir", "local_files_only") if k in kwargs}
+        config = cls.config_class.from_pretrained(name, **hub)
+    if quant_method(getattr(config, "quantization_config", None)) != "torchao":
+        return None
+    skeleton = _skeleton(cls, config, kwargs.get("dtype"))
+    if isinstance(device_map, str):  # computed here whatever it holds: transformers' own "auto" sizes otherwise
+        device_map = _auto_device_map(skeleton, kwargs.get("max_memory"))
+    elif "disk" not in device_map.values():
+        return None
+    placed, left = _experts_to_leave(skeleton, device_map)
+    return {**kwargs, "device_map": placed}, left, device_map
+
+
+@contextmanager
+def leaving(left: dict[str, str]) -> Iterator[None]:
+    token = _LEAVING.set(left)
+    try:
+        yield
+    finally:
+        _LEAVING.reset(token)
+
+
+def left_by_this_load() -> dict[str, str] | None:
+    return _LEAVING.get()
+
+
+@contextmanager
+def read_without_experts(checkpoint_files: list[str], left: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """The state dict of `checkpoint_files` as lazy slices, without any tensor of the experts left in them."""
+    with ExitStack() as stack:
+        state_dict = {}
+        for file in checkpoint_files:
+            shard = stack.enter_context(safe_open(file, framework="pt"))
+            state_dict.update({key: shard.get_slice(key) for key in shard.keys() if expert_of(key) not in left})
+        yield state_dict
+
+
+def expert_of(name: str) -> str | None:
+    """The expert a parameter or stored tensor belongs to (`model.layers.3.mlp.experts.5`), if any."""
+    head, found, tail = name.rpartition(".experts.")
+    index = tail.partition(".")[0]
+    return f"{head}.experts.{index}" if found and index.isdigit() else None
+
+
+def record(model: nn.Module, checkpoint_files: list[str], left: dict[str, str]) -> None:
+    model.experts_left_in_checkpoint = ({Path(f).parent for f in checkpoint_files}, dict(left))
+
+
+def _skeleton(cls: type, config: Any, dtype: Any) -> nn.Module:
+    with torch.device("meta"):
+        if isinstance(dtype, torch.dtype):
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                return cls(config)
+            finally:
+                torch.set_default_dtype(previous)
+        return cls(config)
+
+
+def _auto_device_map(skeleton: nn.Module, max_memory: dict | None) -> dict:
+    """Every module but the experts on the execution device (the first accelerator in `max_memory`, else the CPU),
+    then the experts there while `max_memory` leaves room, each layer's i-th before any layer's (i+1)-th so that the
+    layers keep as many each; then on the CPU (under an accelerator); then on "disk". Sizes are the quantizer's
+    (transformers' own sizing of a pre-quantized model)."""
+    from transformers.integrations.accelerate import compute_module_sizes, get_max_memory
+    from transformers.quantizers import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(skeleton.config.quantization_config, pre_quantized=True)
+    quantizer.preprocess_model(model=skeleton, dtype=skeleton.dtype, device_map=None, checkpoint_files=None)
+    sizes, _ = compute_module_sizes(skeleton, quantizer)
+    room = {device: size for device, size in get_max_memory(max_memory).items() if device != "disk"}
+    main = next((d for d in room if d != "cpu"), "cpu")
+    layers = [(name, len(m.experts)) for name, m in skeleton.named_modules() if isinstance(m, MixtureOfExperts)]
+    experts = [f"{name}.experts.{i}" for i in range(max(n for _, n in layers)) for name, n in layers if i < n]
+    rest = sizes[""] - sum(sizes[e] for e in experts)
+    if rest > room.get(main, 0):
+        raise QuantizationError(
+            f"max_memory gives {main!r} {room.get(main, 0):,} bytes, and the modules other than experts take {rest:,} "
+            "in this quantized checkpoint: only experts can be left on disk in their quantized form. Give max_memory "
+            "room for them, and the experts share what is left"
+        )
+    room[main] -= rest
+    placed = {}
+    for expert in experts:
+        device = next((d for d in (main, "cpu") if d in room and room[d] >= sizes[expert]), "disk")
+        if device != "disk":
+            room[device] -= sizes[expert]
+        placed[expert] = device
+    return _covering(skeleton, placed, main)
+
+
+def _covering(model: nn.Module, placed: dict, default: str | int) -> dict:
+    """A device map of disjoint subtrees (as accelerate wants them): `placed` for the modules it names, `default`
+    for every other, each subtree as high up as it can be."""
+    out, below = {}, {}
+    for key, device in placed.items():
+        for parent in _parents(key) | {""}:
+            below.setdefault(parent, set()).add(device)
+
+    def place(module: nn.Module, name: str) -> None:
+        if name in placed or below.get(name, set()) <= {default}:
+            out[name] = placed.get(name, default)
+            return
+        for child, sub in module.named_children():
+            place(sub, f"{name}.{child}" if name else child)
+        for leaf, _ in module.named_parameters(recurse=False):
+            out[f"{name}.{leaf}" if name else leaf] = default
+
+    place(model, "")
+    return out
+
+
+def _experts_to_leave(skeleton: nn.Module, device_map: dict) -> tuple[dict, dict[str, str]]:
+    """The device map with each expert on "disk" on its layer's execution device, and those experts; a
+    QuantizationError where anything else is on "disk"."""
+    names = [name for name, _ in skeleton.named_parameters()]
+    placed = expand_device_map(device_map, names)
+    layers = {name for name, layer in skeleton.named_modules() if isinstance(layer, MixtureOfExperts)}
+    runs_on = {}  # a MoE layer's execution device: where its own parameters (its router) are
+    for name in names:
+        if expert_of(name) is None:
+            for layer in _parents(name) & layers:
+                runs_on.setdefault(layer, placed[name])
+    left, others = {}, set()
+    for name in names:
+        if placed[name] != "disk":
+            continue
+        expert = expert_of(name)
+        layer_name = expert.rpartition(".experts.")[0] if expert else None
+        if layer_name in layers:
+            left[expert] = runs_on.get(layer_name, "cpu")
+        else:
+            others.add(name.rpartition(".")[0])
+    if others:
+        more = f" and {len(others) - 1} more modules" if len(others) > 1 else ""
+        raise QuantizationError(
+            f"this checkpoint is quantized with torchao, and the device map puts {sorted(others)[0]!r}{more} on "
+            '"disk": only experts can be left on disk in their quantized form (fivefold reads them from the '
+            "checkpoint when they run). Give max_memory room for every other module, or place only experts on disk"
+        )
+    out = {}
+    for key, device in device_map.items():
+        if device == "disk":  # a key on disk holds experts of one layer only (checked above): run where it runs
+            expert = expert_of(f"{key}.") or expert_of(next(n for n in names if n.startswith(f"{key}.")))
+            device = left[expert]
+        out[key] = device
+    return out, left
+
+
+def _parents(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
