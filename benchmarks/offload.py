@@ -21,6 +21,7 @@ measured in this run, overlapped with the in-memory compute (the ceiling's time 
 
     python benchmarks/offload.py            # as root, on a quiet machine: about 20 minutes on 2 cores
     python benchmarks/offload.py --models mixtral   # one of them
+    python benchmarks/offload.py --int8     # also each model quantized (torchao int8), its experts read in int8
     python benchmarks/offload.py --quick    # tiny sizes, one router, one budget, one fresh process: a smoke test
 """
 
@@ -255,7 +256,9 @@ def main() -> None:
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
     threads = torch.get_num_threads()
     use_cgroup = cgroups_available()
-    lines = [machine_line(f"cgroup: {'yes' if use_cgroup else 'NO (needs root and a memory cgroup)'}")]
+    capability = torch.backends.cpu.get_cpu_capability()  # the int8 rows' kernel depends on it (quantized.py)
+    cgroup = "yes" if use_cgroup else "NO (needs root and a memory cgroup)"
+    lines = [machine_line(f"cgroup: {cgroup}; CPU capability {capability}")]
     results = []
     for model_name in args.models.split(","):
         stock_name, _, named = MODELS[model_name]

@@ -50,6 +50,8 @@ def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> tuple[dict,
     if quant_method(getattr(config, "quantization_config", None)) != "torchao":
         return None
     skeleton = _skeleton(cls, config, kwargs.get("dtype"))
+    if not any(isinstance(m, MixtureOfExperts) for m in skeleton.modules()):
+        return None  # no experts to leave: transformers' own handling
     if isinstance(device_map, str):  # computed here whatever it holds: transformers' own "auto" sizes otherwise
         device_map = _auto_device_map(skeleton, kwargs.get("max_memory"))
     elif "disk" not in device_map.values():
