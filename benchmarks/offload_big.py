@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 import transformers
+from cgroup import MemoryCgroup, cgroups_available, disk_bandwidth, drop_from_page_cache, read_bytes
 from harness import command_line, machine_line, parse, table, write_report
-from offload import MemoryCgroup, cgroups_available, disk_bandwidth, drop_from_page_cache, expert_bytes, read_bytes
+from offload import expert_bytes
 from safetensors.torch import save_file
 
 BIG = dict(

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,26 @@ _LEAVING: ContextVar[dict[str, str] | None] = ContextVar("experts_left_in_checkp
 _AUTO = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> tuple[dict, dict[str, str], dict] | None:
-    """For a pre-quantized torchao checkpoint loaded with "auto" or a device map that puts experts on "disk": (the
-    load's arguments with those experts on their execution device, {expert: execution device}, the device map
-    asked for, computed for "auto"). None for any other load."""
+@dataclass(frozen=True)
+class Plan:
+    kwargs: dict  # the load's arguments, with the experts left in the checkpoint on their execution device
+    left: dict[str, str]  # {expert: execution device}; none for any other load
+    device_map: dict | None = None  # as asked for, computed for "auto"; None: transformers' own
+
+    def done(self, loaded: Any) -> Any:
+        """The loaded model (or (model, info)), its `hf_device_map` saying "disk" where its experts stay."""
+        if self.device_map is not None:
+            (loaded[0] if isinstance(loaded, tuple) else loaded).hf_device_map = self.device_map
+        return loaded
+
+
+def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan:
+    """How to load: for a pre-quantized torchao checkpoint with "auto" or a device map that puts experts on "disk",
+    which experts to leave in the checkpoint; any other load as it is asked."""
+    return _plan(cls, name, kwargs) or Plan(kwargs, {})
+
+
+def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | None:
     device_map = kwargs.get("device_map")
     if name is None or device_map is None or kwargs.get("quantization_config") is not None:
         return None
@@ -57,7 +74,7 @@ def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> tuple[dict,
     elif "disk" not in device_map.values():
         return None
     placed, left = _experts_to_leave(skeleton, device_map)
-    return {**kwargs, "device_map": placed}, left, device_map
+    return Plan({**kwargs, "device_map": placed}, left, device_map)
 
 
 @contextmanager
@@ -71,6 +88,16 @@ def leaving(left: dict[str, str]) -> Iterator[None]:
 
 def left_by_this_load() -> dict[str, str] | None:
     return _LEAVING.get()
+
+
+def load_leaving(left: dict[str, str], load, model: nn.Module, checkpoint_files: list[str], *args: Any) -> tuple:
+    """transformers' loading (`load`) of every tensor but those of the experts `left` in the checkpoint, which stay
+    on meta, are not reported missing, and are recorded on the model for the expert cache."""
+    record(model, checkpoint_files, left)
+    with read_without_experts(checkpoint_files, left) as read:
+        info, index = load(model, read, checkpoint_files, *args)
+    info.missing_keys = {key for key in info.missing_keys if expert_of(key) not in left}
+    return info, index
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
 from .pinned_folder import pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
-from .prequantized_offload import expert_of, leaving, left_by_this_load, plan, read_without_experts, record
+from .prequantized_offload import leaving, left_by_this_load, load_leaving, plan
 from .quantization import (
     check_quantized,
     check_quantizing_to_disk,
@@ -169,13 +169,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
         planned = plan(cls, pretrained_model_name_or_path, kwargs)  # a quantized checkpoint's experts on "disk"
-        if planned is None:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        kwargs, left, device_map = planned
-        with leaving(left):  # none for an "auto" map that keeps everything in memory
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded).hf_device_map = device_map
-        return loaded
+        with leaving(planned.left):
+            return planned.done(super().from_pretrained(pretrained_model_name_or_path, *model_args, **planned.kwargs))
 
     @staticmethod
     def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
@@ -184,13 +179,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         (offloaded_loading.py). A quantizer is not given weights that go to "disk" (check_quantizing_to_disk)."""
         check_quantizing_to_disk(model, load_config)
         load = PreTrainedModel._load_pretrained_model
-        left = left_by_this_load()
-        if left and state_dict is None and checkpoint_files:  # experts the expert cache reads when they run
-            record(model, checkpoint_files, left)
-            with read_without_experts(checkpoint_files, left) as read:
-                info, index = load(model, read, checkpoint_files, load_config, expected_keys)
-            info.missing_keys = {key for key in info.missing_keys if expert_of(key) not in left}
-            return info, index
+        if (left := left_by_this_load()) and state_dict is None and checkpoint_files:  # read when they run
+            return load_leaving(left, load, model, checkpoint_files, load_config, expected_keys)
         if reads_one_tensor_at_a_time(state_dict, checkpoint_files, load_config):
             with read_through_pread(checkpoint_files) as read:
                 return load(model, read, checkpoint_files, load_config, expected_keys)
@@ -202,13 +192,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
     def get_parameter_or_buffer(self, target: str) -> Any:
         """transformers' lookup, which a save asks of every tensor on meta in the state dict: while a quantized model
         with experts left in its checkpoint is saved, those include their stored parts (quantized_experts.py)."""
-        try:
-            return super().get_parameter_or_buffer(target)
-        except AttributeError:
-            part = self.__dict__.get("offloaded_parts", {}).get(target)
-            if part is None:
-                raise
-            return part
+        part = self.__dict__.get("offloaded_parts", {}).get(target)
+        return part if part is not None else super().get_parameter_or_buffer(target)
 
     def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
         """transformers' resize, refused for a quantized input table (`include_input_output_embeddings=True`):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-NOT_TIMED = ("harness.py", "charts.py")  # the shared helpers, and the script that draws the docs charts
+NOT_TIMED = ("harness.py", "cgroup.py", "charts.py")  # the shared helpers, and the script drawing the docs charts
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in NOT_TIMED)
 TIMEOUT_S = 1800  # every --quick run together takes minutes; this only catches a hang
 
