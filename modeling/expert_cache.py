@@ -25,6 +25,7 @@ from torch import nn
 
 from .expert_eviction import RecencyEviction
 from .expert_placement import DeviceCosts, compute_on_cpu
+from .quantized_experts import held_bytes
 
 
 @dataclass
@@ -130,10 +131,20 @@ class AsStored:
         return list(self.shapes) if parameter is None else [parameter]
 
     def device_bytes(self, sources: dict) -> int:
-        return sum(shape.numel() * dtype.itemsize for shape, dtype in self.shapes.values())
+        """Its shape in its dtype; a quantized weight held in memory (an expert on "cpu" under an accelerator), what
+        that holds."""
+        return sum(
+            held_bytes(source.tensor) if _quantized_in_memory(source) else shape.numel() * dtype.itemsize
+            for (shape, dtype), source in zip(self.shapes.values(), (sources[n] for n in self.shapes), strict=True)
+        )
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
+
+
+def _quantized_in_memory(source) -> bool:
+    tensor = getattr(source, "tensor", None)
+    return isinstance(tensor, torch.Tensor) and hasattr(tensor, "__tensor_flatten__")
 
 
 def _storages(tensor: torch.Tensor) -> set[int]:

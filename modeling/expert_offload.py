@@ -82,17 +82,17 @@ def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> E
     offloaded."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MixtureOfExperts)]
     offloaded = [found for name, layer in layers for found in _offloaded(name, layer)]
-    folders, left = getattr(model, "experts_left_in_checkpoint", (set(), {}))
-    stored = index_files(folder_files(folders)) if left else ({}, {})
+    files, left = getattr(model, "experts_left_in_checkpoint", ([], {}))
+    stored = index_files(files) if left else ({}, {})
     offloaded += _left_in_checkpoint(layers, left, stored)
     if not offloaded:
         return None
     setting = getattr(model.config, "expert_cache_bytes", None)
     budget = None if setting is None else convert_file_size_to_int(setting)
     if budget != 0:  # experts the device map placed on the device are the cache's too, where it can read them back
-        found = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
-        if found - folders:
-            stored = index_files(folder_files(found | folders))
+        if not left:  # the folders accelerate's offload index reads the offloaded experts from
+            folders = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
+            stored = index_files(folder_files(folders))
         offloaded += _resident(layers, stored)
     if budget is None:
         budget = _default_budget(model, offloaded, max_memory)

@@ -22,6 +22,7 @@ import json
 import mmap
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,7 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
     raw = f.read(length)
     seen = _PARSED.get(str(path))
     if seen is not None and seen[0] == raw:
+        _PARSED.move_to_end(str(path))
         return seen[1]
     header = json.loads(raw)
     header.pop("__metadata__", None)
@@ -85,13 +87,16 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
             raise ExpertReadError(f"{path}: tensor {name} has dtype {info['dtype']}, which fivefold cannot read")
         entries[name] = TensorEntry(_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + length + begin, end - begin)
     _PARSED[str(path)] = (raw, entries)
+    while len(_PARSED) > _PARSED_FILES:
+        _PARSED.popitem(last=False)
     return entries
 
 
 # The last header parsed of each file, as read and as parsed: a read checks the file's header at every call, and a
 # header read again unchanged is not parsed again (a quantized expert reads nine tensors, and parsing the header of
 # a large checkpoint takes milliseconds).
-_PARSED: dict[str, tuple[bytes, dict[str, TensorEntry]]] = {}
+_PARSED: OrderedDict[str, tuple[bytes, dict[str, TensorEntry]]] = OrderedDict()
+_PARSED_FILES = 256  # the most recently read files remembered (a checkpoint's shards, a few models')
 
 
 class FileTensor:
@@ -232,4 +237,16 @@ def index_files(files: list[Path]) -> tuple[dict[str, FileTensor], dict[str, str
 
 
 def folder_files(folders: set[Path]) -> list[Path]:
-    return [file for folder in sorted(folders) for file in sorted(folder.glob("*.safetensors"))]
+    """The weight files of these folders: those a checkpoint's index names, or its `model.safetensors`; any
+    safetensors file only in a folder that is neither (an offload folder). A stray file beside a checkpoint (a stale
+    shard, another variant) is never read for it."""
+    files = []
+    for folder in sorted(folders):
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            files += [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        elif (folder / "model.safetensors").is_file():
+            files.append(folder / "model.safetensors")
+        else:
+            files += sorted(folder.glob("*.safetensors"))
+    return files

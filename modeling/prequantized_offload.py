@@ -7,9 +7,10 @@ full-precision tensors, and cannot hold torchao's. So transformers never sees th
 map it is given puts each on its layer's execution device, the load leaves its tensors unread (they are not handed
 to the loader) and its parameters on meta (not materialized as missing, nor reported missing), and
 `model.experts_left_in_checkpoint` tells `attach_expert_offload` where they are. Only experts may be left so: any
-other module on "disk" is an error naming it. `device_map="auto"` is computed first as transformers computes it,
-with the quantizer's sizes (int8 weights one byte per value), and `model.hf_device_map` says "disk" for those
-experts, as it does for offloaded modules.
+other module on "disk" is an error naming it. `device_map="auto"` is computed here: on the CPU, every module but
+the experts in memory and the experts sharing what `max_memory` leaves, sized by the bytes the checkpoint stores;
+under an accelerator, transformers' own map (past its check that refuses "disk"). `model.hf_device_map` says
+"disk" for the experts left, as it does for offloaded modules.
 """
 
 import os
@@ -25,6 +26,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.integrations.accelerate import expand_device_map
 
+from .expert_store import folder_files, read_header
 from .moe import MixtureOfExperts
 from .quantization import QuantizationError, quant_method
 
@@ -70,7 +72,8 @@ def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | Non
     if not any(isinstance(m, MixtureOfExperts) for m in skeleton.modules()):
         return None  # no experts to leave: transformers' own handling
     if isinstance(device_map, str):  # computed here whatever it holds: transformers' own "auto" sizes otherwise
-        device_map = _auto_device_map(skeleton, kwargs.get("max_memory"))
+        stored = _stored_sizes(name, kwargs.get("subfolder") or "")
+        device_map = _auto_device_map(skeleton, device_map, kwargs.get("max_memory"), stored)
     elif "disk" not in device_map.values():
         return None
     placed, left = _experts_to_leave(skeleton, device_map)
@@ -119,7 +122,7 @@ def expert_of(name: str) -> str | None:
 
 
 def record(model: nn.Module, checkpoint_files: list[str], left: dict[str, str]) -> None:
-    model.experts_left_in_checkpoint = ({Path(f).parent for f in checkpoint_files}, dict(left))
+    model.experts_left_in_checkpoint = ([Path(f) for f in checkpoint_files], dict(left))
 
 
 def _skeleton(cls: type, config: Any, dtype: Any) -> nn.Module:
@@ -134,36 +137,65 @@ def _skeleton(cls: type, config: Any, dtype: Any) -> nn.Module:
         return cls(config)
 
 
-def _auto_device_map(skeleton: nn.Module, max_memory: dict | None) -> dict:
-    """Every module but the experts on the execution device (the first accelerator in `max_memory`, else the CPU),
-    then the experts there while `max_memory` leaves room, each layer's i-th before any layer's (i+1)-th so that the
-    layers keep as many each; then on the CPU (under an accelerator); then on "disk". Sizes are the quantizer's
-    (transformers' own sizing of a pre-quantized model)."""
-    from transformers.integrations.accelerate import compute_module_sizes, get_max_memory
+def _auto_device_map(skeleton: nn.Module, strategy: str, max_memory: dict | None, stored: dict | None) -> dict:
+    """On the CPU: every module but the experts in memory, then the experts while `max_memory` leaves room, each
+    layer's i-th before any layer's (i+1)-th so that the layers keep as many each, the rest on "disk". Sizes are the
+    checkpoint's stored bytes (`stored`, a local folder's), else the quantizer's with transformers' margin for the
+    scales. Under an accelerator, transformers' own map for `strategy` (its devices, its spill to the CPU); only its
+    experts may then be on "disk"."""
+    from transformers.integrations.accelerate import _get_device_map, compute_module_sizes, get_max_memory
     from transformers.quantizers import AutoHfQuantizer
 
     quantizer = AutoHfQuantizer.from_config(skeleton.config.quantization_config, pre_quantized=True)
     quantizer.preprocess_model(model=skeleton, dtype=skeleton.dtype, device_map=None, checkpoint_files=None)
-    sizes, _ = compute_module_sizes(skeleton, quantizer)
     room = {device: size for device, size in get_max_memory(max_memory).items() if device != "disk"}
-    main = next((d for d in room if d != "cpu"), "cpu")
+    if any(device != "cpu" for device in room):
+        return _get_device_map(skeleton, strategy, max_memory, _WithoutDiskCheck(quantizer))
     layers = [(name, len(m.experts)) for name, m in skeleton.named_modules() if isinstance(m, MixtureOfExperts)]
     experts = [f"{name}.experts.{i}" for i in range(max(n for _, n in layers)) for name, n in layers if i < n]
-    rest = sizes[""] - sum(sizes[e] for e in experts)
-    if rest > room.get(main, 0):
+    if stored is None or not all(e in stored for e in experts):
+        stored = compute_module_sizes(skeleton, quantizer)[0]
+        room = quantizer.adjust_max_memory(room)
+    rest = stored[""] - sum(stored[e] for e in experts)
+    if rest > room.get("cpu", 0):
         raise QuantizationError(
-            f"max_memory gives {main!r} {room.get(main, 0):,} bytes, and the modules other than experts take {rest:,} "
-            "in this quantized checkpoint: only experts can be left on disk in their quantized form. Give max_memory "
-            "room for them, and the experts share what is left"
+            f"max_memory gives the CPU {int(room.get('cpu', 0)):,} bytes, and the modules other than experts take "
+            f"{rest:,} in this quantized checkpoint: only experts can be left on disk in their quantized form. Give "
+            "max_memory room for them, and the experts share what is left"
         )
-    room[main] -= rest
+    room = room.get("cpu", 0) - rest
     placed = {}
     for expert in experts:
-        device = next((d for d in (main, "cpu") if d in room and room[d] >= sizes[expert]), "disk")
-        if device != "disk":
-            room[device] -= sizes[expert]
-        placed[expert] = device
-    return _covering(skeleton, placed, main)
+        placed[expert] = "cpu" if room >= stored[expert] else "disk"
+        room -= stored[expert] if placed[expert] == "cpu" else 0
+    return _covering(skeleton, placed, "cpu")
+
+
+class _WithoutDiskCheck:
+    """A quantizer whose environment check is skipped: it refuses "disk", which fivefold serves for experts."""
+
+    def __init__(self, quantizer: Any) -> None:
+        self._quantizer = quantizer
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._quantizer, name)
+
+
+def _stored_sizes(name: str | os.PathLike, subfolder: str) -> dict[str, int] | None:
+    """The bytes a local checkpoint stores, in all ("") and for each expert; None for a name on the Hub."""
+    folder = Path(name) / subfolder
+    if not folder.is_dir():
+        return None
+    sizes: dict[str, int] = {"": 0}
+    for file in folder_files({folder}):
+        for key, entry in read_header(file).items():
+            sizes[""] += entry.nbytes
+            if (expert := expert_of(key)) is not None:
+                sizes[expert] = sizes.get(expert, 0) + entry.nbytes
+    return sizes
 
 
 def _covering(model: nn.Module, placed: dict, default: str | int) -> dict:
@@ -215,11 +247,12 @@ def _experts_to_leave(skeleton: nn.Module, device_map: dict) -> tuple[dict, dict
             '"disk": only experts can be left on disk in their quantized form (fivefold reads them from the '
             "checkpoint when they run). Give max_memory room for every other module, or place only experts on disk"
         )
+    main = next((device for device in device_map.values() if device != "disk"), "cpu")
     out = {}
     for key, device in device_map.items():
-        if device == "disk":  # a key on disk holds experts of one layer only (checked above): run where it runs
-            expert = expert_of(f"{key}.") or expert_of(next(n for n in names if n.startswith(f"{key}.")))
-            device = left[expert]
+        if device == "disk":  # experts of one layer (checked above) run where it runs; a key without parameters
+            expert = expert_of(f"{key}.") or next((expert_of(n) for n in names if n.startswith(f"{key}.")), None)
+            device = left.get(expert, main)  # (dropout, rotary's computed buffers) is placed with the rest
         out[key] = device
     return out, left
 

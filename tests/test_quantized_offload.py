@@ -134,7 +134,7 @@ def test_only_experts_may_be_left_on_disk(quantized_folder):
     head_on_disk = {**_on_disk(whole, {"lm_head"})}
     with pytest.raises(QuantizationError, match=r"puts 'lm_head' on \"disk\": only experts can be left on disk"):
         cls.from_pretrained(folder, device_map=head_on_disk)
-    with pytest.raises(QuantizationError, match=r"max_memory gives 'cpu' 1,000 bytes, and the modules other than"):
+    with pytest.raises(QuantizationError, match=r"max_memory gives the CPU 1,000 bytes, and the modules other than"):
         cls.from_pretrained(folder, device_map="auto", max_memory={"cpu": 1000})
 
 
@@ -168,3 +168,73 @@ def test_a_direct_read_puts_quantized_data_on_a_64_byte_boundary(tmp_path):
     tensor.direct = tensor.aligned = True
     out = tensor.read(into=tensor.empty())
     assert torch.equal(out, data) and out.data_ptr() % 64 == 0
+
+
+def test_a_stray_file_beside_the_checkpoint_is_never_read(quantized_folder, tmp_path):
+    """Experts are read from the files the checkpoint names (its index, or model.safetensors), never from another
+    safetensors file in its folder (a stale shard sorts first)."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    (arch,) = [a for a in MOE if a.stock_model_type == "mixtral"]
+    cls, _, folder, whole = quantized_folder(arch)
+    copy = tmp_path / "with-stray"
+    shutil.copytree(folder, copy)
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        metadata = f.metadata()
+    stale = {k: -v if v.dtype == torch.int8 else v for k, v in load_file(folder / "model.safetensors").items()}
+    save_file(stale, copy / "model-00001-of-00002.safetensors", metadata=metadata)  # the same names, other weights
+    inputs = causal_text_sample(whole.config, "MixtralForCausalLM")
+    rest = sum(held_bytes(p) for n, p in whole.named_parameters() if ".experts." not in n)
+    for device_map in (_odd_experts_on_disk(whole), "auto"):
+        placed = cls.from_pretrained(copy, device_map=device_map, max_memory={"cpu": rest + 1000}).eval()
+        files = {s.path for e in placed.expert_cache.experts.values() for s in e.sources.values()}
+        assert files == {str(copy / "model.safetensors")}
+        assert _max_diff(whole, placed, inputs) <= 1e-5
+
+
+def test_auto_never_places_more_than_max_memory(quantized_folder):
+    """Sized from the checkpoint's stored bytes (int8 data, scales and zero points): just above a whole number of
+    experts, the resident model stays within max_memory."""
+    (arch,) = [a for a in MOE if a.stock_model_type == "mixtral"]
+    cls, _, folder, whole = quantized_folder(arch)
+    expert = held_bytes_of(whole.model.layers[0].mlp.experts[0])
+    rest = sum(held_bytes(p) for n, p in whole.named_parameters() if ".experts." not in n)
+    for extra in (0, 100, expert - 1):
+        max_memory = rest + 2 * expert + extra
+        placed = cls.from_pretrained(folder, device_map="auto", max_memory={"cpu": max_memory})
+        resident = sum(held_bytes(p) for p in placed.parameters() if p.device.type != "meta")
+        assert resident == rest + 2 * expert <= max_memory and placed.expert_cache.budget <= max_memory - rest
+
+
+def test_a_disk_key_without_parameters_goes_with_the_rest(quantized_folder):
+    (arch,) = [a for a in MOE if a.stock_model_type == "mixtral"]
+    cls, _, folder, whole = quantized_folder(arch)
+    device_map = {**_odd_experts_on_disk(whole), "model.dropout": "disk"}
+    placed = cls.from_pretrained(folder, device_map=device_map).eval()
+    assert _left(placed)
+    inputs = causal_text_sample(whole.config, "MixtralForCausalLM")
+    assert _max_diff(whole, placed, inputs) <= 1e-5
+
+
+def test_a_quantized_expert_held_in_memory_counts_what_it_holds():
+    """An expert on "cpu" under an accelerator is read from memory as torchao holds it: the cache counts its int8
+    bytes, not its shape in fp32."""
+    from torchao.quantization import quantize_
+
+    from fivefold.modeling.expert_cache import OffloadedExpert
+    from fivefold.modeling.expert_store import MemoryTensor
+    from fivefold.modeling.moe import MoESpec
+
+    moe = MixtureOfExperts(MoESpec(hidden_size=64, expert_size=128, num_experts=2, top_k=1))
+    quantize_(moe.experts, Int8WeightOnlyConfig())
+    expert = moe.experts[0]
+    sources = {name: MemoryTensor(p.detach()) for name, p in expert.named_parameters()}
+    offloaded = OffloadedExpert(expert, "moe", 0, sources, torch.device("cpu"))
+    assert offloaded.nbytes == held_bytes_of(expert) < 0.3 * sum(p.numel() * 4 for p in expert.parameters())
+
+
+def held_bytes_of(module: torch.nn.Module) -> int:
+    return sum(held_bytes(p) for p in module.parameters())
