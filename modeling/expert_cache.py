@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .expert_eviction import RecencyEviction
 from .expert_placement import DeviceCosts, compute_on_cpu
-from .quantized_experts import held_bytes
+from .quantized_experts import held_bytes, leaf_tensors
 
 
 @dataclass
@@ -133,27 +134,21 @@ class AsStored:
     def device_bytes(self, sources: dict) -> int:
         """Its shape in its dtype; a quantized weight held in memory (an expert on "cpu" under an accelerator), what
         that holds."""
+        tensors = {name: getattr(sources[name], "tensor", None) for name in self.shapes}
         return sum(
-            held_bytes(source.tensor) if _quantized_in_memory(source) else shape.numel() * dtype.itemsize
-            for (shape, dtype), source in zip(self.shapes.values(), (sources[n] for n in self.shapes), strict=True)
+            held_bytes(tensors[name])
+            if is_traceable_wrapper_subclass(tensors[name])
+            else shape.numel() * dtype.itemsize
+            for name, (shape, dtype) in self.shapes.items()
         )
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
 
-def _quantized_in_memory(source) -> bool:
-    tensor = getattr(source, "tensor", None)
-    return isinstance(tensor, torch.Tensor) and hasattr(tensor, "__tensor_flatten__")
-
-
 def _storages(tensor: torch.Tensor) -> set[int]:
-    """Where a tensor's data lives: its storage, or, for a tensor subclass holding others (a quantized weight's
-    data and scales), theirs."""
-    if hasattr(tensor, "__tensor_flatten__"):
-        inner, _ = tensor.__tensor_flatten__()
-        return {ptr for name in inner for ptr in _storages(getattr(tensor, name))}
-    return {tensor.untyped_storage().data_ptr()}
+    """Where a tensor's data lives: its storage, or those of the tensors a quantized weight holds."""
+    return {leaf.untyped_storage().data_ptr() for leaf in leaf_tensors(tensor)}
 
 
 def _held_only_here(buffer: torch.Tensor) -> bool:

@@ -172,7 +172,8 @@ def check_quantizing_to_disk(model: nn.Module, load_config: Any) -> None:
     a weight it would quantize on "disk", or, for torchao, any module on disk. transformers 5.24's torchao loading
     then fails on every weight it quantizes ("Torch not compiled with CUDA enabled" on a CPU build, then a report of
     failed conversions), with only the head on disk too. Other quantizers may leave what they skip on disk
-    (bitsandbytes' offloaded modules). quanto refuses such a map itself, and torchao a pre-quantized folder."""
+    (bitsandbytes' offloaded modules). quanto refuses such a map itself. A torchao folder saved quantized may leave
+    its experts on disk (prequantized_offload.py)."""
     quantizer = load_config.hf_quantizer
     device_map = load_config.device_map or {}
     if quantizer is None or quantizer.pre_quantized or "disk" not in device_map.values():

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .expert_store import FileTensor, MemoryTensor
 
@@ -106,13 +107,19 @@ def _torchao_description(description: str | None) -> str | None:
     return description
 
 
+def leaf_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold a tensor's data: itself, or for a tensor subclass holding others (a quantized
+    weight's data, scales and zero points), theirs."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    inner, _ = tensor.__tensor_flatten__()
+    return [leaf for name in inner for leaf in leaf_tensors(getattr(tensor, name))]
+
+
 def held_bytes(tensor: torch.Tensor) -> int:
-    """The bytes a tensor holds: a quantized one (a tensor subclass holding others), those of its data and scales,
-    not its shape in the dtype it stands for."""
-    if hasattr(tensor, "__tensor_flatten__"):
-        inner, _ = tensor.__tensor_flatten__()
-        return sum(held_bytes(getattr(tensor, name)) for name in inner)
-    return tensor.numel() * tensor.element_size()
+    """The bytes a tensor holds: for a quantized one, those of its data and scales, not its shape in the dtype it
+    stands for."""
+    return sum(leaf.numel() * leaf.element_size() for leaf in leaf_tensors(tensor))
 
 
 def _stored_bytes(source: FileTensor | MemoryTensor) -> int:
