@@ -22,6 +22,7 @@ measured in this run, overlapped with the in-memory compute (the ceiling's time 
     python benchmarks/offload.py            # as root, on a quiet machine: about 20 minutes on 2 cores
     python benchmarks/offload.py --models mixtral   # one of them
     python benchmarks/offload.py --int8     # also each model quantized (torchao int8), its experts read in int8
+    python benchmarks/offload.py --nf4      # also each model in bitsandbytes NF4, its experts read in 4 bits
     python benchmarks/offload.py --quick    # tiny sizes, one router, one budget, one fresh process: a smoke test
 """
 
@@ -193,6 +194,7 @@ def main() -> None:
     parser.add_argument("--slack", type=float, default=700, help="MB of cgroup limit above max_memory (default 700)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--int8", action="store_true", help="also the model quantized to int8, experts read in int8")
+    parser.add_argument("--nf4", action="store_true", help="also the model in bitsandbytes NF4, experts read in NF4")
     parser.add_argument("--routers", default="random,skewed", help="comma-separated, of random, skewed")
     args = parse(parser)
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
@@ -258,52 +260,63 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
                         "unit": "tokens/s", "higher_is_better": True,
                         "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
                     })  # fmt: skip
-            if args.int8:
-                lines += int8_rows(found, job, others, experts, bandwidth, use_cgroup, args, header)
+            for kind in [kind for kind in QUANTIZED if getattr(args, kind)]:
+                lines += quantized_rows(kind, found, job, others, experts, bandwidth, use_cgroup, args, header)
     return results
 
 
-def int8_rows(found, job: dict, others: int, experts: int, bandwidth: float, use_cgroup: bool, args, header) -> list:
-    """The same model quantized with torchao (int8 weight-only) and saved, its experts left in that checkpoint and
-    read in int8 when they run: at a quarter of its experts resident, and at the max_memory that keeps a quarter of
-    the fp32 experts; against the int8 model whole in memory."""
-    from torchao.quantization import Int8WeightOnlyConfig
+def quantized_config(kind: str):
+    """The quantizer of the `--int8` and `--nf4` rows: torchao int8 weight-only, bitsandbytes NF4 (fp32 compute)."""
+    if kind == "int8":
+        from torchao.quantization import Int8WeightOnlyConfig
 
+        return transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    return transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+
+
+QUANTIZED = {"int8": "torchao int8 weight-only", "nf4": "bitsandbytes NF4"}
+
+
+def quantized_rows(kind, found, job, others, experts, bandwidth, use_cgroup, args, header) -> list:
+    """The same model quantized (`kind`: int8 or nf4) and saved, its experts left in that checkpoint and read in their
+    stored form when they run: at a quarter of its experts resident, and at the max_memory that keeps a quarter of
+    the fp32 experts; against the quantized model whole in memory."""
     import fivefold
     from fivefold.modeling.quantized_experts import held_bytes
 
-    int8_dir = found.fivefold_dir.parent / "int8"
+    folder = found.fivefold_dir.parent / kind
     cls = getattr(fivefold, MODELS[job["model"]][1])
-    config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
-    model = cls.from_pretrained(found.fivefold_dir, quantization_config=config)
-    model.save_pretrained(int8_dir)
+    model = cls.from_pretrained(found.fivefold_dir, quantization_config=quantized_config(kind))
+    model.save_pretrained(folder)
     sizes = [(name, held_bytes(p)) for name, p in model.named_parameters()]
-    int8_experts = sum(size for name, size in sizes if ".experts." in name)
-    int8_others = sum(size for _, size in sizes) - int8_experts
+    q_experts = sum(size for name, size in sizes if ".experts." in name)
+    q_others = sum(size for _, size in sizes) - q_experts
     del model
-    job = {**job, "fivefold": str(int8_dir)}
-    whole = run_contender({**job, "name": "int8 whole"}, None, use_cgroup, fresh=not args.quick)
+    job = {**job, "fivefold": str(folder)}
+    whole = run_contender({**job, "name": f"{kind} whole"}, None, use_cgroup, fresh=not args.quick)
     if "error" in whole:
-        return ["", f"int8: the whole model failed: {whole['error']}"]
+        return ["", f"{kind}: the whole model failed: {whole['error']}"]
     budgets = {
-        "fivefold int8, cache, 25% of int8 experts": int(int8_others + 0.25 * int8_experts),
-        "fivefold int8, cache, the fp32 25% budget": int(others + 0.25 * experts),
+        f"fivefold {kind}, cache, 25% of {kind} experts": int(q_others + 0.25 * q_experts),
+        f"fivefold {kind}, cache, the fp32 25% budget": int(others + 0.25 * experts),
     }
     runs = {}
     for name, budget in budgets.items():
         limit = int(budget + args.slack * MB)
         runs[name] = run_contender({**job, "name": name, "max_memory": budget}, limit, use_cgroup)
-    quarter = runs["fivefold int8, cache, 25% of int8 experts"]
+    quarter = runs[f"fivefold {kind}, cache, 25% of {kind} experts"]
     floor = max(1 / whole["tok_s"], (quarter.get("cache_read_per_token") or 0) / bandwidth)
     lines = [
         "",
-        f"{MODELS[job['model']][0]} int8 (torchao weight-only, saved and loaded pre-quantized): experts"
-        f" {int8_experts / MB:,.0f} MB, the rest {int8_others / MB:,.0f} MB; max_memory"
+        f"{MODELS[job['model']][0]} {kind} ({QUANTIZED[kind]}, saved and loaded pre-quantized): experts"
+        f" {q_experts / MB:,.0f} MB, the rest {q_others / MB:,.0f} MB; max_memory"
         f" {', '.join(f'{b / MB:,.0f}' for b in budgets.values())} MB (cgroup limit + {args.slack:,.0f} MB);"
-        f" floor at 25% {1 / floor:.2f} tok/s; tokens and logits against the int8 model whole",
+        f" floor at 25% {1 / floor:.2f} tok/s; tokens and logits against the {kind} model whole",
         "",
     ]
-    rows = [row(name, got, whole) for name, got in runs.items()] + [row("int8 whole in memory", whole, whole)]
+    rows = [row(name, got, whole) for name, got in runs.items()] + [row(f"{kind} whole in memory", whole, whole)]
     return lines + table(header, rows)
 
 

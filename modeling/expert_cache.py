@@ -146,6 +146,22 @@ class AsStored:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
 
+def _quotas(experts: list[OffloadedExpert], layers: list[str], budget: int) -> dict[str, int]:
+    """Each layer's share of the budget, in proportion to its experts' bytes; where the budget holds every expert the
+    device map placed on the device, each layer's share holds its own (experts of one shape may differ by a few bytes
+    of stored quantization state, and a share in proportion alone would evict one at load)."""
+    total = {layer: sum(e.nbytes for e in experts if e.layer == layer) for layer in layers}
+    placed = {layer: sum(e.nbytes for e in experts if e.layer == layer and e.materialized) for layer in layers}
+    rest, unplaced = budget - sum(placed.values()), sum(total.values()) - sum(placed.values())
+    if rest < 0 or not any(placed.values()):
+        everything = sum(total.values())
+        return {layer: budget * size // everything if everything else 0 for layer, size in total.items()}
+    return {
+        layer: placed[layer] + (rest * (total[layer] - placed[layer]) // unplaced if unplaced else 0)
+        for layer in layers
+    }
+
+
 def _storages(tensor: torch.Tensor) -> set[int]:
     """Where a tensor's data lives: its storage, or those of the tensors a quantized weight holds."""
     return {leaf.untyped_storage().data_ptr() for leaf in leaf_tensors(tensor)}
@@ -160,7 +176,8 @@ def _held_only_here(buffer: torch.Tensor) -> bool:
 def _set_parameter(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
     owner, _, leaf = name.rpartition(".")
     target = module.get_submodule(owner)
-    target._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+    # A parameter class of a quantizer's own (bitsandbytes' Params4bit, with its quantization state) stays as it is.
+    target._parameters[leaf] = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor, requires_grad=False)
 
 
 class ExpertCache:
@@ -171,9 +188,7 @@ class ExpertCache:
         self.stats = CacheStats()
         self.experts = {(e.layer, e.index): e for e in experts}
         self.layers = list(dict.fromkeys(e.layer for e in experts))  # in the order the model runs them
-        total = sum(e.nbytes for e in experts)
-        layer_bytes = {layer: sum(e.nbytes for e in experts if e.layer == layer) for layer in self.layers}
-        self.quota = {layer: budget * size // total if total else 0 for layer, size in layer_bytes.items()}
+        self.quota = _quotas(experts, self.layers, budget)
         self.cached: dict[str, OrderedDict[int, OffloadedExpert]] = {layer: OrderedDict() for layer in self.layers}
         self.used = dict.fromkeys(self.layers, 0)  # bytes on the device: cached plus reserved for reads ahead
         self.staged: dict[OffloadedExpert, Future] = {}

@@ -1,9 +1,10 @@
-"""Loading a torchao-quantized checkpoint with experts on "disk": the experts stay in the checkpoint, unread, and
-the expert cache reads them in their quantized form when they run (quantized_experts.py), an int8 expert a quarter
-of an fp32 one's bytes.
+"""Loading a quantized checkpoint (torchao, or bitsandbytes 4-bit) with experts on "disk": the experts stay in the
+checkpoint, unread, and the expert cache reads them in their quantized form when they run (quantized_experts.py),
+an int8 expert a quarter of an fp32 one's bytes, a 4-bit one an eighth.
 
-transformers 5.24 refuses any "disk" in the device map of a pre-quantized torchao checkpoint: its offloading writes
-full-precision tensors, and cannot hold torchao's. So transformers never sees those experts on "disk": the device
+transformers 5.24 refuses any "disk" in the device map of such a checkpoint: its offloading writes full-precision
+tensors, and cannot hold torchao's ("not supported yet"); bitsandbytes' quantizer refuses "cpu" and "disk" beside
+an accelerator, and would keep those modules unquantized. So transformers never sees those experts on "disk": the device
 map it is given puts each on its layer's execution device, the load leaves its tensors unread (they are not handed
 to the loader) and its parameters on meta (not materialized as missing, nor reported missing), and
 `model.experts_left_in_checkpoint` tells `attach_expert_offload` where they are. Only experts may be left so: any
@@ -51,8 +52,9 @@ class Plan:
 
 
 def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan:
-    """How to load: for a pre-quantized torchao checkpoint with "auto" or a device map that puts experts on "disk",
-    which experts to leave in the checkpoint; any other load as it is asked."""
+    """How to load: for a pre-quantized checkpoint whose experts the cache reads quantized (torchao, bitsandbytes
+    4-bit) with "auto" or a device map that puts experts on "disk", which experts to leave in the checkpoint; any
+    other load as it is asked."""
     return _plan(cls, name, kwargs) or Plan(kwargs, {})
 
 
@@ -66,7 +68,8 @@ def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | Non
     if not hasattr(config, "to_dict"):
         hub = {k: kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir", "local_files_only") if k in kwargs}
         config = cls.config_class.from_pretrained(name, **hub)
-    if quant_method(getattr(config, "quantization_config", None)) != "torchao":
+    method = _method_leaving_experts(getattr(config, "quantization_config", None))
+    if method is None:
         return None
     skeleton = _skeleton(cls, config, kwargs.get("dtype"))
     if not any(isinstance(m, MixtureOfExperts) for m in skeleton.modules()):
@@ -76,8 +79,23 @@ def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | Non
         device_map = _auto_device_map(skeleton, device_map, kwargs.get("max_memory"), stored)
     elif "disk" not in device_map.values():
         return None
-    placed, left = _experts_to_leave(skeleton, device_map)
+    placed, left = _experts_to_leave(skeleton, device_map, method)
     return Plan({**kwargs, "device_map": placed}, left, device_map)
+
+
+def _method_leaving_experts(quantization_config: Any) -> str | None:
+    """The quantizer of a checkpoint whose experts can stay in it, read quantized when they run: torchao's tensors,
+    and bitsandbytes' 4-bit ones (its 8-bit weights keep outliers in full precision at run time); None for others."""
+    method = quant_method(quantization_config)
+    if method == "torchao":
+        return method
+    if method == "bitsandbytes":
+        if isinstance(quantization_config, dict):
+            four_bit = quantization_config.get("load_in_4bit") or quantization_config.get("_load_in_4bit")
+        else:
+            four_bit = getattr(quantization_config, "load_in_4bit", False)
+        return "bitsandbytes 4-bit" if four_bit else None
+    return None
 
 
 @contextmanager
@@ -219,7 +237,7 @@ def _covering(model: nn.Module, placed: dict, default: str | int) -> dict:
     return out
 
 
-def _experts_to_leave(skeleton: nn.Module, device_map: dict) -> tuple[dict, dict[str, str]]:
+def _experts_to_leave(skeleton: nn.Module, device_map: dict, method: str) -> tuple[dict, dict[str, str]]:
     """The device map with each expert on "disk" on its layer's execution device, and those experts; a
     QuantizationError where anything else is on "disk"."""
     names = [name for name, _ in skeleton.named_parameters()]
@@ -243,7 +261,7 @@ def _experts_to_leave(skeleton: nn.Module, device_map: dict) -> tuple[dict, dict
     if others:
         more = f" and {len(others) - 1} more modules" if len(others) > 1 else ""
         raise QuantizationError(
-            f"this checkpoint is quantized with torchao, and the device map puts {sorted(others)[0]!r}{more} on "
+            f"this checkpoint is quantized with {method}, and the device map puts {sorted(others)[0]!r}{more} on "
             '"disk": only experts can be left on disk in their quantized form (fivefold reads them from the '
             "checkpoint when they run). Give max_memory room for every other module, or place only experts on disk"
         )

@@ -6,6 +6,11 @@ TorchAoConfig(...))`) stores each quantized weight as several tensors, `gate_pro
 as JSON under the parameter's name). An expert the cache reads from such a checkpoint reads those tensors in their
 stored dtypes, a quarter of fp32's bytes for int8, and rebuilds the weight torchao made: the same tensor a load of
 the whole model gives, run by fivefold's int8 linears (int8.py) as that one is.
+
+bitsandbytes stores a 4-bit weight under its own name, packed two values a byte, with its quantization state beside
+it (`gate_proj.weight.absmax`, `.quant_map`, `.quant_state.bitsandbytes__nf4`, and `.nested_absmax`,
+`.nested_quant_map` under double quantization): an expert read from such a checkpoint reads those, an eighth of
+fp32's bytes and a little more, and rebuilds bitsandbytes' `Params4bit` from them as its own loading does.
 """
 
 import json
@@ -64,6 +69,49 @@ class QuantizedParts:
         return out
 
 
+# What bitsandbytes stores beside a 4-bit weight, by the suffix after the weight's name.
+_BNB_4BIT_STATE = (
+    "absmax", "quant_map", "nested_absmax", "nested_quant_map",
+    "quant_state.bitsandbytes__nf4", "quant_state.bitsandbytes__fp4",
+)  # fmt: skip
+
+
+class FourBitParts:
+    """An expert's parameters from a bitsandbytes 4-bit checkpoint: a weight from its packed data and the state
+    stored beside it, a parameter stored plain (a bias) from its own tensor."""
+
+    def __init__(self, shapes: dict[str, tuple[torch.Size, torch.dtype]], states: dict[str, list[str]]) -> None:
+        self.shapes = shapes
+        self.states = states  # {parameter: the suffixes of its stored state; none where stored plain}
+
+    def stored_names(self, parameter: str | None = None) -> list[str]:
+        names = [parameter] if parameter is not None else list(self.shapes)
+        return [part for name in names for part in [name, *(f"{name}.{s}" for s in self.states[name])]]
+
+    def device_bytes(self, sources: dict) -> int:
+        return sum(
+            sum(_stored_bytes(sources[part]) for part in self.stored_names(name))
+            if self.states[name]
+            else shape.numel() * dtype.itemsize
+            for name, (shape, dtype) in self.shapes.items()
+        )
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from bitsandbytes.nn import Params4bit
+
+        out = {}
+        for name, states in self.states.items():
+            if not all(part in tensors for part in self.stored_names(name)):
+                continue
+            if not states:
+                out[name] = tensors[name].to(self.shapes[name][1])
+                continue
+            data = tensors[name]
+            stats = {state: tensors[f"{name}.{state}"] for state in states}
+            out[name] = Params4bit.from_prequantized(data, stats, requires_grad=False, device=data.device)
+        return out
+
+
 def stored_parts(parameter: str, description: str | None) -> list[str]:
     """The names of the stored tensors a parameter is made of: `owner._leaf_qdata`, ... for a torchao tensor."""
     if description is None:
@@ -80,15 +128,18 @@ def expert_sources(
     how they make its parameters (None: each its own tensor); None where the checkpoint does not hold them all, or
     holds them in another shape."""
     shapes = {name: (p.shape, p.dtype) for name, p in module.named_parameters()}
-    described = {name: _torchao_description(metadata.get(prefix + name)) for name in shapes}
-    parts = QuantizedParts(shapes, described)
+    four_bit = {name: [s for s in _BNB_4BIT_STATE if f"{prefix}{name}.{s}" in stored] for name in shapes}
+    if any(four_bit.values()):
+        parts = FourBitParts(shapes, four_bit)
+    else:
+        parts = QuantizedParts(shapes, {name: _torchao_description(metadata.get(prefix + name)) for name in shapes})
     sources = {part: stored.get(prefix + part) for part in parts.stored_names()}
     if any(source is None for source in sources.values()):
         return None
-    plain = [name for name in shapes if described[name] is None]
+    plain = [name for name in shapes if parts.stored_names(name) == [name]]
     if any(sources[name].entry.shape != tuple(shapes[name][0]) for name in plain):
         return None
-    quantized = [part for name, d in described.items() if d is not None for part in parts.stored_names(name)]
+    quantized = [part for name in shapes if name not in plain for part in parts.stored_names(name)]
     for part in quantized:  # torch's int8 kernel wants its data on a 64-byte boundary
         sources[part].aligned = True
     return sources, (parts if quantized else None)
@@ -128,10 +179,10 @@ def _stored_bytes(source: FileTensor | MemoryTensor) -> int:
 
 @contextmanager
 def offloaded_parts_saved(model: nn.Module) -> Iterator[None]:
-    """For the block, the state dict the model's quantizer saves names each offloaded quantized expert's stored
-    tensors (on meta, which transformers' save reads back one at a time through the expert's hook), described as
-    the checkpoint describes them: the expert is saved as it is stored, never read whole into memory, nor saved as
-    an empty full-precision weight."""
+    """For the block, the state dict the model saves names the stored tensors of each quantized expert the cache
+    serves, cached or not (on meta, which transformers' save reads back one at a time through the expert's hook;
+    bitsandbytes' few bytes of state read now), described as the checkpoint describes them: the expert is saved as
+    it is stored, never read whole into memory, nor saved as an empty full-precision weight."""
     cache, quantizer = getattr(model, "expert_cache", None), getattr(model, "hf_quantizer", None)
     if cache is None or quantizer is None:
         yield
@@ -141,19 +192,29 @@ def offloaded_parts_saved(model: nn.Module) -> Iterator[None]:
 
     def with_stored_parts(saved: nn.Module, *args: Any, **kwargs: Any) -> tuple[dict, dict]:
         state_dict, metadata = whole(saved, *args, **kwargs)
+        if state_dict is None:  # what transformers then saves (bitsandbytes' quantizer leaves it to the model)
+            state_dict = saved.state_dict()
         for expert in cache.experts.values():
-            if expert.materialized or not isinstance(expert.assemble, QuantizedParts):
-                continue
+            if not isinstance(expert.assemble, QuantizedParts | FourBitParts):
+                continue  # cached ones too: bitsandbytes repacks a 4-bit weight it runs on the CPU, and unpacks it
+                # to save in another layout than the checkpoint's (bf16 scales), which then loads to other outputs
             prefix = f"{expert.layer}.experts.{expert.index}."
-            for name, description in expert.assemble.described.items():
-                if description is None:
+            for name in expert.shapes:
+                stored = expert.assemble.stored_names(name)
+                if stored == [name]:
                     continue
                 state_dict.pop(prefix + name, None)
-                for part in expert.assemble.parts[name]:
+                for part in stored:
+                    if part != name and isinstance(expert.assemble, FourBitParts):
+                        # bitsandbytes' state is named below its weight, where transformers' read-back of an
+                        # offloaded tensor looks for a module and fails; it is a few hundred bytes, read now
+                        state_dict[prefix + part] = expert.sources[part].read()
+                        continue
                     entry = expert.sources[part].entry
                     parts[prefix + part] = torch.empty(entry.shape, dtype=entry.dtype, device="meta")
                     state_dict[prefix + part] = parts[prefix + part]
-                metadata[prefix + name] = description
+                if isinstance(expert.assemble, QuantizedParts):
+                    metadata[prefix + name] = expert.assemble.described[name]
         return state_dict, metadata
 
     parts: dict[str, torch.Tensor] = {}

@@ -72,6 +72,52 @@ def _odd_experts_on_disk(model) -> dict[str, str]:
     return _on_disk(model, disk)
 
 
+def quantized_checkpoints(converted, tmp_path_factory, config_of, overrides_of=lambda arch: {}):
+    """A maker of (class, the fp32 folder, the quantized folder, the quantized model whole) for an architecture and
+    a kind of quantization, made once each: the tiny checkpoint (with `overrides_of(arch)`) converted, loaded with
+    `config_of(kind)` and saved."""
+    cache = {}
+
+    def make(arch, kind: str):
+        key = (arch.stock_model_type, kind)
+        if key not in cache:
+            cls = _causal_lm(arch)
+            _, dst = converted(arch.stock_model_type, stock_class_name(cls), **overrides_of(arch))
+            folder = tmp_path_factory.mktemp(f"{arch.stock_model_type}-{kind}") / "quantized"
+            cls.from_pretrained(dst, quantization_config=config_of(kind)).save_pretrained(folder)
+            cache[key] = (cls, dst, folder, cls.from_pretrained(folder).eval())
+        return cache[key]
+
+    return make
+
+
+def loaded_leaving_odd_experts(cls, folder, whole, tmp_path) -> tuple:
+    """(the model, its experts left in the checkpoint): `folder` (a quantized one) loaded with every odd-numbered
+    expert on "disk", checked to leave exactly those unread, reported nowhere as missing, and to write nothing."""
+    device_map = _odd_experts_on_disk(whole)
+    placed, info = cls.from_pretrained(
+        folder, device_map=device_map, offload_folder=tmp_path / "offload", output_loading_info=True
+    )
+    assert not info["missing_keys"]  # the experts left in the checkpoint are not reported missing
+    assert not (tmp_path / "offload").exists() or not any((tmp_path / "offload").iterdir())  # nothing written
+    left = _left(placed)
+    assert len(left) == sum(1 for device in device_map.values() if device == "disk")
+    assert placed.hf_device_map == device_map
+    for expert in left:
+        assert all(p.device.type == "meta" for p in expert.module.parameters())  # nothing read at load
+    return placed.eval(), left
+
+
+def _left(model) -> list:
+    """The experts the cache serves that are not on their device now."""
+    return [e for e in model.expert_cache.experts.values() if not e.materialized]
+
+
+def _max_diff(a, b, inputs) -> float:
+    with torch.no_grad():
+        return (a(**inputs).logits - b(**inputs).logits).abs().max().item()
+
+
 def _load(cls, folder, device_map, **kwargs):
     return cls.from_pretrained(folder, device_map=device_map, **kwargs).eval()
 

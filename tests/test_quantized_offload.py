@@ -7,7 +7,6 @@ import pytest
 import torch
 import transformers
 
-from fivefold.architectures import stock_class_name
 from fivefold.conversion.inputs import causal_text_sample
 from fivefold.modeling.expert_store import FileTensor, read_header
 from fivefold.modeling.moe import MixtureOfExperts
@@ -15,7 +14,15 @@ from fivefold.modeling.quantization import QuantizationError
 from fivefold.modeling.quantized_experts import held_bytes
 
 torchao = pytest.importorskip("torchao")
-from test_expert_offload import MOE, _causal_lm, _odd_experts_on_disk, _on_disk  # noqa: E402
+from test_expert_offload import (  # noqa: E402
+    MOE,
+    _left,
+    _max_diff,
+    _odd_experts_on_disk,
+    _on_disk,
+    loaded_leaving_odd_experts,
+    quantized_checkpoints,
+)
 from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig  # noqa: E402
 
 CONFIGS = {"int8-weight": Int8WeightOnlyConfig, "int8-dynamic": Int8DynamicActivationInt8WeightConfig}
@@ -24,47 +31,16 @@ CONFIGS = {"int8-weight": Int8WeightOnlyConfig, "int8-dynamic": Int8DynamicActiv
 @pytest.fixture(scope="module")
 def quantized_folder(converted, tmp_path_factory):
     """Per architecture and config: (class, the fp32 folder, the quantized folder, the quantized model whole)."""
-    cache = {}
-
-    def make(arch, kind: str = "int8-weight"):
-        key = (arch.stock_model_type, kind)
-        if key not in cache:
-            cls = _causal_lm(arch)
-            _, dst = converted(arch.stock_model_type, stock_class_name(cls))
-            config = transformers.TorchAoConfig(CONFIGS[kind]())
-            cls.from_pretrained(dst, quantization_config=config).save_pretrained(
-                folder := tmp_path_factory.mktemp(f"{arch.stock_model_type}-{kind}") / "quantized"
-            )
-            cache[key] = (cls, dst, folder, cls.from_pretrained(folder).eval())
-        return cache[key]
-
-    return make
-
-
-def _left(model) -> list:
-    return [e for e in model.expert_cache.experts.values() if not e.materialized]
-
-
-def _max_diff(a, b, inputs) -> float:
-    with torch.no_grad():
-        return (a(**inputs).logits - b(**inputs).logits).abs().max().item()
+    make = quantized_checkpoints(converted, tmp_path_factory, lambda kind: transformers.TorchAoConfig(CONFIGS[kind]()))
+    return lambda arch, kind="int8-weight": make(arch, kind)
 
 
 @pytest.mark.parametrize("arch", MOE, ids=lambda arch: arch.stock_model_type)
 def test_disk_experts_of_a_quantized_checkpoint_are_read_in_their_stored_form(arch, quantized_folder, tmp_path):
     cls, fp32_folder, folder, whole = quantized_folder(arch)
-    device_map = _odd_experts_on_disk(whole)
-    placed, info = cls.from_pretrained(
-        folder, device_map=device_map, offload_folder=tmp_path / "offload", output_loading_info=True
-    )
-    placed.eval()
-    assert not info["missing_keys"]  # the experts left in the checkpoint are not reported missing
-    assert not (tmp_path / "offload").exists() or not any((tmp_path / "offload").iterdir())  # nothing written
-    on_disk = sum(1 for device in device_map.values() if device == "disk")
-    left = _left(placed)
-    assert len(left) == on_disk and placed.hf_device_map == device_map
+    placed, left = loaded_leaving_odd_experts(cls, folder, whole, tmp_path)
+    device_map = placed.hf_device_map
     for expert in left:
-        assert all(p.device.type == "meta" for p in expert.module.parameters())  # nothing read at load
         assert all(s.path.startswith(str(folder)) for s in expert.sources.values())
         assert any(name.endswith("._weight_qdata") for name in expert.sources)
     # A miss reads the int8 data, a quarter of what the fp32 checkpoint's expert reads, and a scale per row.
