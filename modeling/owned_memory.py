@@ -36,13 +36,19 @@ def _quantized(tensor: torch.Tensor | None) -> bool:
     )
 
 
-def own_file_backed_tensors(model: nn.Module, only_quantized: bool = False) -> int:
+def own_file_backed_tensors(model: nn.Module, only_misaligned: bool = False) -> int:
     """Copies every CPU parameter and buffer that is a view of a mapped file into memory of its own (tied weights
-    stay tied), or only the quantized ones; returns the bytes copied."""
+    stay tied); with `only_misaligned`, only the quantized ones and those off a 64-byte boundary. Returns the bytes
+    copied. Kernels take other paths on misaligned data: oneDNN sums a one-row product in another order (1e-7 from
+    the same weights aligned, and greedy tokens then part), and torch's int8 kernel needs the boundary (int8.py).
+    A folder with tensors of odd sizes (bitsandbytes' 78-byte quantization state) misaligns every tensor after
+    them, as safetensors aligns to 8 bytes only."""
     copied = 0
-    for tensor in [] if only_quantized else [*model.parameters(), *model.buffers()]:
+    for tensor in [*model.parameters(), *model.buffers()]:
         # (A DTensor answers for its storage as before: the test is the plain tensors' one.)
         if tensor.device.type == "cpu" and not _quantized(tensor) and not tensor.untyped_storage().resizable():
+            if only_misaligned and tensor.data_ptr() % 64 == 0:
+                continue
             tensor.data = tensor.data.clone()
             copied += tensor.numel() * tensor.element_size()
     # A subclass's `.data` cannot be swapped for its copy: the parameter is replaced where modules hold it.

@@ -132,8 +132,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         quantize_embeddings(model)
         check_quantized(model)
         model.expert_cache = attach_expert_offload(model, kwargs.get("max_memory"))
-        if cls.copy_file_backed_weights:  # offloaded experts stay in their files, and only quantized weights
-            own_file_backed_tensors(model, only_quantized=model.expert_cache is not None)  # need aligned data
+        if cls.copy_file_backed_weights:  # offloaded experts stay in their files, and aligned ones may too
+            own_file_backed_tensors(model, only_misaligned=model.expert_cache is not None)
         if getattr(model, "is_quantized", False):
             return_freed_memory()  # the full-precision weights the quantizer replaced
         return loaded
