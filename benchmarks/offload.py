@@ -23,6 +23,7 @@ measured in this run, overlapped with the in-memory compute (the ceiling's time 
     python benchmarks/offload.py --models mixtral   # one of them
     python benchmarks/offload.py --int8     # also each model quantized (torchao int8), its experts read in int8
     python benchmarks/offload.py --nf4      # also each model in bitsandbytes NF4, its experts read in 4 bits
+    python benchmarks/offload.py --nf4 --quantized-only  # those rows alone
     python benchmarks/offload.py --quick    # tiny sizes, one router, one budget, one fresh process: a smoke test
 """
 
@@ -195,6 +196,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--int8", action="store_true", help="also the model quantized to int8, experts read in int8")
     parser.add_argument("--nf4", action="store_true", help="also the model in bitsandbytes NF4, experts read in NF4")
+    parser.add_argument("--quantized-only", action="store_true", help="the --int8 / --nf4 rows only, not fp32's")
     parser.add_argument("--routers", default="random,skewed", help="comma-separated, of random, skewed")
     args = parse(parser)
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
@@ -202,7 +204,9 @@ def main() -> None:
     use_cgroup = cgroups_available()
     capability = torch.backends.cpu.get_cpu_capability()  # the int8 rows' kernel depends on it (quantized.py)
     cgroup = "yes" if use_cgroup else "NO (needs root and a memory cgroup)"
-    lines = [machine_line(f"cgroup: {cgroup}; CPU capability {capability}")]
+    allocator = os.environ.get("MALLOC_MMAP_THRESHOLD_")  # glibc's: a fixed threshold returns freed blocks at once
+    allocator = f"; MALLOC_MMAP_THRESHOLD_={allocator}" if allocator else ""
+    lines = [machine_line(f"cgroup: {cgroup}; CPU capability {capability}{allocator}")]
     results = []
     for model_name in args.models.split(","):
         stock_name, _, named = MODELS[model_name]
@@ -231,10 +235,12 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
             job = dict(stock=str(found.stock_dir), fivefold=str(found.fivefold_dir), threads=threads, **shape)
             job["model"] = model_name
             bandwidth = disk_bandwidth(found.fivefold_dir)
-            whole = run_contender({**job, "name": "whole"}, None, use_cgroup, fresh=not args.quick)
+            whole = (
+                {} if args.quantized_only else run_contender({**job, "name": "whole"}, None, use_cgroup, not args.quick)
+            )
             if "error" in whole:
                 raise SystemExit(f"the whole model failed: {whole['error']}")
-            for resident in (0.5,) if args.quick else (0.25, 0.5):
+            for resident in () if args.quantized_only else (0.5,) if args.quick else (0.25, 0.5):
                 budget = int(others + resident * experts)
                 limit = int(budget + args.slack * MB)
                 # --quick: one contender in its own process and cgroup, the others in this one (a smoke test).
@@ -261,7 +267,9 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
                         "stock": runs["stock"]["tok_s"], "fivefold": cached["tok_s"],
                     })  # fmt: skip
             for kind in [kind for kind in QUANTIZED if getattr(args, kind)]:
-                lines += quantized_rows(kind, found, job, others, experts, bandwidth, use_cgroup, args, header)
+                lines += quantized_rows(
+                    kind, found, job, router, (others, experts), bandwidth, use_cgroup, args, header
+                )
     return results
 
 
@@ -279,13 +287,14 @@ def quantized_config(kind: str):
 QUANTIZED = {"int8": "torchao int8 weight-only", "nf4": "bitsandbytes NF4"}
 
 
-def quantized_rows(kind, found, job, others, experts, bandwidth, use_cgroup, args, header) -> list:
+def quantized_rows(kind, found, job, router, fp32_sizes, bandwidth, use_cgroup, args, header) -> list:
     """The same model quantized (`kind`: int8 or nf4) and saved, its experts left in that checkpoint and read in their
     stored form when they run: at a quarter of its experts resident, and at the max_memory that keeps a quarter of
     the fp32 experts; against the quantized model whole in memory."""
     import fivefold
     from fivefold.modeling.quantized_experts import held_bytes
 
+    others, experts = fp32_sizes
     folder = found.fivefold_dir.parent / kind
     cls = getattr(fivefold, MODELS[job["model"]][1])
     model = cls.from_pretrained(found.fivefold_dir, quantization_config=quantized_config(kind))
@@ -310,8 +319,8 @@ def quantized_rows(kind, found, job, others, experts, bandwidth, use_cgroup, arg
     floor = max(1 / whole["tok_s"], (quarter.get("cache_read_per_token") or 0) / bandwidth)
     lines = [
         "",
-        f"{MODELS[job['model']][0]} {kind} ({QUANTIZED[kind]}, saved and loaded pre-quantized): experts"
-        f" {q_experts / MB:,.0f} MB, the rest {q_others / MB:,.0f} MB; max_memory"
+        f"{MODELS[job['model']][0]} {kind} ({QUANTIZED[kind]}, saved and loaded pre-quantized), router {router}:"
+        f" experts {q_experts / MB:,.0f} MB, the rest {q_others / MB:,.0f} MB; max_memory"
         f" {', '.join(f'{b / MB:,.0f}' for b in budgets.values())} MB (cgroup limit + {args.slack:,.0f} MB);"
         f" floor at 25% {1 / floor:.2f} tok/s; tokens and logits against the {kind} model whole",
         "",
