@@ -24,8 +24,12 @@ def document_starts(positions: torch.Tensor) -> torch.Tensor:
 
 def is_packed_row(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
     """Whether the inputs are documents packed end to end in one row, as `DataCollatorWithFlattening` writes them:
-    one [1, N] row, no attention mask, and position ids that restart (transformers reads packing the same way)."""
+    one [1, N] row, no attention mask, and position ids that restart (transformers reads packing the same way).
+    A one-token row (a decoding step) holds one document: answered from its shape, which a compiled step can read
+    (the test of the ids is a data-dependent branch, a graph break)."""
     if position_ids is None or attention_mask is not None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return False
+    if position_ids.shape[1] < 2:
         return False
     return bool(document_starts(position_ids[0])[1:].any())
 

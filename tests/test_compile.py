@@ -79,13 +79,15 @@ def test_dynamic_shapes_compile_once(converted, arch):
 
 @pytest.mark.slow  # dynamo and inductor: seconds a model
 @pytest.mark.parametrize("arch", DECODERS)
-def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
+@pytest.mark.parametrize("rows", [2, 1])
+def test_decode_steps_over_a_static_cache_compile_once(converted, arch, rows):
     """Prefill in eager, then decoding steps (one token per row, the mask over every slot of the cache) through a
-    compiled forward that compiles once, against the same steps in eager over a cache of their own."""
+    compiled forward that compiles once, against the same steps in eager over a cache of their own. One row: the
+    steps as generate() takes them for one prompt, position ids and no mask (a one-token row is not packed)."""
     model, _ = load(converted, arch, "AutoModelForCausalLM")
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(5, model.config.vocab_size, (2, 6), generator=gen)
-    steps = torch.randint(5, model.config.vocab_size, (2, 3), generator=gen)
+    prompt = torch.randint(5, model.config.vocab_size, (rows, 6), generator=gen)
+    steps = torch.randint(5, model.config.vocab_size, (rows, 3), generator=gen)
     slots = 12
     compiled = torch.compile(model, fullgraph=True, backend=CHEAP)
 
@@ -100,7 +102,7 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch):
                         input_ids=steps[:, i : i + 1],
                         cache=cache,
                         position_ids=torch.tensor([[prompt.shape[1] + i]]),
-                        attention_mask=torch.ones(2, slots, dtype=torch.long),
+                        attention_mask=torch.ones(rows, slots, dtype=torch.long) if rows > 1 else None,
                         use_cache=True,
                     )
                 logits.append(out.logits)
