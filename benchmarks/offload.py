@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--quantized-only", action="store_true", help="the --int8 / --nf4 rows only, not fp32's")
     parser.add_argument("--routers", default="random,skewed", help="comma-separated, of random, skewed")
     args = parse(parser)
+    if args.quantized_only and not (args.int8 or args.nf4):
+        parser.error("--quantized-only runs the --int8 and --nf4 rows alone: name at least one of them")
     shape = dict(prompt=8, new=8, prefill=[2, 16]) if args.quick else dict(prompt=32, new=32, prefill=[4, 128])
     threads = torch.get_num_threads()
     use_cgroup = cgroups_available()
@@ -273,7 +275,7 @@ def model_rows(model_name, stock_class, fields, experts, others, shape, threads,
     return results
 
 
-def quantized_config(kind: str):
+def quantized_config(kind: str) -> transformers.TorchAoConfig | transformers.BitsAndBytesConfig:
     """The quantizer of the `--int8` and `--nf4` rows: torchao int8 weight-only, bitsandbytes NF4 (fp32 compute)."""
     if kind == "int8":
         from torchao.quantization import Int8WeightOnlyConfig
@@ -287,7 +289,17 @@ def quantized_config(kind: str):
 QUANTIZED = {"int8": "torchao int8 weight-only", "nf4": "bitsandbytes NF4"}
 
 
-def quantized_rows(kind, found, job, router, fp32_sizes, bandwidth, use_cgroup, args, header) -> list:
+def quantized_rows(
+    kind: str,
+    found,
+    job: dict,
+    router: str,
+    fp32_sizes: tuple[int, int],
+    bandwidth: float,
+    use_cgroup: bool,
+    args,
+    header: list[str],
+) -> list[str]:
     """The same model quantized (`kind`: int8 or nf4) and saved, its experts left in that checkpoint and read in their
     stored form when they run: at a quarter of its experts resident, and at the max_memory that keeps a quarter of
     the fp32 experts; against the quantized model whole in memory."""

@@ -69,7 +69,7 @@ class OffloadedExpert:
             raise ValueError(f"{layer}.experts.{index}: no source for {missing}")
         self.nbytes = self.assemble.device_bytes(sources)  # on the device
         self.read_bytes = sum(source.nbytes for source in sources.values())  # from disk, per read
-        self.flops_per_token = 2 * sum(shape.numel() for shape, _ in self.shapes.values())
+        self.flops_per_token = 2 * sum(_logical_numel(p) for p in module.parameters())
         self.owned: dict[str, torch.Tensor] = {}  # read buffers its parameters are views of, while materialized
 
     def __repr__(self) -> str:
@@ -109,6 +109,13 @@ class OffloadedExpert:
             held |= _storages(parameter)
         self.owned = {n: b for n, b in (buffers or {}).items() if b is not None and b.data_ptr() in held}
 
+    def forget_replaced(self) -> None:
+        """Lets go of the read buffers no parameter is a view of any more: a quantizer may replace a weight's data at
+        its first call (bitsandbytes repacks a 4-bit weight for its CPU kernel), and the buffer read would stay
+        held beside the new data, uncounted, while the expert is cached."""
+        held = set().union(*(_storages(p) for p in self.module.parameters()))
+        self.owned = {name: b for name, b in self.owned.items() if b.data_ptr() in held}
+
     def release(self) -> dict[str, torch.Tensor]:
         """Back to meta; the read buffers its parameters were views of, free for another expert's read."""
         for name, (shape, dtype) in self.shapes.items():
@@ -146,6 +153,17 @@ class AsStored:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
 
+def count_at_largest(experts: list[OffloadedExpert]) -> None:
+    """Counts each layer's experts at its largest one's bytes: experts of one shape may store a few bytes of state
+    more or less (double quantization's offset), and a share sized to the bytes placed would then evict two experts
+    to admit one."""
+    largest: dict[str, int] = {}
+    for expert in experts:
+        largest[expert.layer] = max(largest.get(expert.layer, 0), expert.nbytes)
+    for expert in experts:
+        expert.nbytes = largest[expert.layer]
+
+
 def _quotas(experts: list[OffloadedExpert], layers: list[str], budget: int) -> dict[str, int]:
     """Each layer's share of the budget, in proportion to its experts' bytes; where the budget holds every expert the
     device map placed on the device, each layer's share holds its own (experts of one shape may differ by a few bytes
@@ -160,6 +178,13 @@ def _quotas(experts: list[OffloadedExpert], layers: list[str], budget: int) -> d
         layer: placed[layer] + (rest * (total[layer] - placed[layer]) // unplaced if unplaced else 0)
         for layer in layers
     }
+
+
+def _logical_numel(parameter: torch.Tensor) -> int:
+    """The weights a parameter stands for: a bitsandbytes 4-bit weight in memory is packed two a byte, and its
+    quantization state knows its shape."""
+    state = getattr(parameter, "quant_state", None)
+    return state.shape.numel() if state is not None else parameter.numel()
 
 
 def _storages(tensor: torch.Tensor) -> set[int]:
@@ -188,6 +213,7 @@ class ExpertCache:
         self.stats = CacheStats()
         self.experts = {(e.layer, e.index): e for e in experts}
         self.layers = list(dict.fromkeys(e.layer for e in experts))  # in the order the model runs them
+        count_at_largest(experts)
         self.quota = _quotas(experts, self.layers, budget)
         self.cached: dict[str, OrderedDict[int, OffloadedExpert]] = {layer: OrderedDict() for layer in self.layers}
         self.used = dict.fromkeys(self.layers, 0)  # bytes on the device: cached plus reserved for reads ahead
@@ -258,6 +284,8 @@ class ExpertCache:
         if expert in self.transient:
             self.transient.discard(expert)
             expert.release()
+        elif expert.owned:
+            expert.forget_replaced()
 
     # --- reads ahead (prefetch.py) ------------------------------------------------------------------------------
 

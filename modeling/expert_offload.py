@@ -23,7 +23,7 @@ from accelerate.hooks import ModelHook, SequentialHook, add_hook_to_module, remo
 from accelerate.utils import convert_file_size_to_int, send_to_device
 from torch import nn
 
-from .expert_cache import ExpertCache, OffloadedExpert
+from .expert_cache import ExpertCache, OffloadedExpert, count_at_largest
 from .expert_eviction import eviction_named
 from .expert_store import FileTensor, MemoryTensor, folder_files, index_files
 from .moe import MixtureOfExperts
@@ -94,6 +94,7 @@ def attach_expert_offload(model: nn.Module, max_memory: dict | None = None) -> E
             folders = {Path(s.path).parent for e in offloaded for s in e.sources.values() if _on_disk(s)}
             stored = index_files(folder_files(folders))
         offloaded += _resident(layers, stored)
+    count_at_largest(offloaded)
     if budget is None:
         budget = _default_budget(model, offloaded, max_memory)
     direct = getattr(model.config, "expert_direct_reads", None)

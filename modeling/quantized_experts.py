@@ -69,7 +69,8 @@ class QuantizedParts:
         return out
 
 
-# What bitsandbytes stores beside a 4-bit weight, by the suffix after the weight's name.
+# The suffixes bitsandbytes stores beside a 4-bit weight's name (`QuantState.as_dict(packed=True)`): a read of the
+# weight must include them, as its rebuild does.
 _BNB_4BIT_STATE = (
     "absmax", "quant_map", "nested_absmax", "nested_quant_map",
     "quant_state.bitsandbytes__nf4", "quant_state.bitsandbytes__fp4",
@@ -160,11 +161,19 @@ def _torchao_description(description: str | None) -> str | None:
 
 def leaf_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
     """The plain tensors that hold a tensor's data: itself, or for a tensor subclass holding others (a quantized
-    weight's data, scales and zero points), theirs."""
+    weight's data, scales and zero points), theirs; a bitsandbytes 4-bit weight, its packed data and the tensors of
+    its quantization state (scales, code book, and theirs under double quantization)."""
     if not is_traceable_wrapper_subclass(tensor):
-        return [tensor]
+        state = getattr(tensor, "quant_state", None)
+        return [tensor, *(_state_tensors(state) if state is not None else [])]
     inner, _ = tensor.__tensor_flatten__()
     return [leaf for name in inner for leaf in leaf_tensors(getattr(tensor, name))]
+
+
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    found = [value for value in vars(state).values() if isinstance(value, torch.Tensor)]
+    nested = getattr(state, "state2", None)
+    return found + (_state_tensors(nested) if nested is not None else [])
 
 
 def held_bytes(tensor: torch.Tensor) -> int:
