@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .expert_eviction import RecencyEviction
 from .expert_placement import DeviceCosts, compute_on_cpu
+from .expert_shares import count_at_largest, layer_shares
 from .quantized_experts import held_bytes, leaf_tensors
 
 
@@ -109,12 +110,14 @@ class OffloadedExpert:
             held |= _storages(parameter)
         self.owned = {n: b for n, b in (buffers or {}).items() if b is not None and b.data_ptr() in held}
 
-    def forget_replaced(self) -> None:
-        """Lets go of the read buffers no parameter is a view of any more: a quantizer may replace a weight's data at
-        its first call (bitsandbytes repacks a 4-bit weight for its CPU kernel), and the buffer read would stay
-        held beside the new data, uncounted, while the expert is cached."""
+    def forget_replaced(self) -> dict[str, torch.Tensor]:
+        """Lets go of the read buffers no parameter is a view of any more, and returns them: a quantizer may replace
+        a weight's data at its first call (bitsandbytes repacks a 4-bit weight for its CPU kernel), and the buffer
+        read would stay held beside the new data, uncounted, while the expert is cached."""
         held = set().union(*(_storages(p) for p in self.module.parameters()))
-        self.owned = {name: b for name, b in self.owned.items() if b.data_ptr() in held}
+        replaced = {name: b for name, b in self.owned.items() if b.data_ptr() not in held}
+        self.owned = {name: b for name, b in self.owned.items() if name not in replaced}
+        return {name: b for name, b in replaced.items() if _held_only_here(b)}
 
     def release(self) -> dict[str, torch.Tensor]:
         """Back to meta; the read buffers its parameters were views of, free for another expert's read."""
@@ -153,33 +156,6 @@ class AsStored:
         return {name: tensor.to(self.shapes[name][1]) for name, tensor in tensors.items()}
 
 
-def count_at_largest(experts: list[OffloadedExpert]) -> None:
-    """Counts each layer's experts at its largest one's bytes: experts of one shape may store a few bytes of state
-    more or less (double quantization's offset), and a share sized to the bytes placed would then evict two experts
-    to admit one."""
-    largest: dict[str, int] = {}
-    for expert in experts:
-        largest[expert.layer] = max(largest.get(expert.layer, 0), expert.nbytes)
-    for expert in experts:
-        expert.nbytes = largest[expert.layer]
-
-
-def _quotas(experts: list[OffloadedExpert], layers: list[str], budget: int) -> dict[str, int]:
-    """Each layer's share of the budget, in proportion to its experts' bytes; where the budget holds every expert the
-    device map placed on the device, each layer's share holds its own (experts of one shape may differ by a few bytes
-    of stored quantization state, and a share in proportion alone would evict one at load)."""
-    total = {layer: sum(e.nbytes for e in experts if e.layer == layer) for layer in layers}
-    placed = {layer: sum(e.nbytes for e in experts if e.layer == layer and e.materialized) for layer in layers}
-    rest, unplaced = budget - sum(placed.values()), sum(total.values()) - sum(placed.values())
-    if rest < 0 or not any(placed.values()):
-        everything = sum(total.values())
-        return {layer: budget * size // everything if everything else 0 for layer, size in total.items()}
-    return {
-        layer: placed[layer] + (rest * (total[layer] - placed[layer]) // unplaced if unplaced else 0)
-        for layer in layers
-    }
-
-
 def _logical_numel(parameter: torch.Tensor) -> int:
     """The weights a parameter stands for: a bitsandbytes 4-bit weight in memory is packed two a byte, and its
     quantization state knows its shape."""
@@ -214,12 +190,13 @@ class ExpertCache:
         self.experts = {(e.layer, e.index): e for e in experts}
         self.layers = list(dict.fromkeys(e.layer for e in experts))  # in the order the model runs them
         count_at_largest(experts)
-        self.quota = _quotas(experts, self.layers, budget)
+        self.quota = layer_shares(experts, self.layers, budget)
         self.cached: dict[str, OrderedDict[int, OffloadedExpert]] = {layer: OrderedDict() for layer in self.layers}
         self.used = dict.fromkeys(self.layers, 0)  # bytes on the device: cached plus reserved for reads ahead
         self.staged: dict[OffloadedExpert, Future] = {}
         self.staged_buffers: dict[OffloadedExpert, dict] = {}  # what each read ahead fills
         self.transient: set[OffloadedExpert] = set()  # materialized for one call only
+        self.replaced: dict[str, dict[str, torch.Tensor]] = {}  # per layer, read buffers a quantizer's repack freed
         self.prefetcher = None  # an ExpertPrefetcher, with config.expert_prefetch
         for expert in experts:  # those a device map placed on the device start cached, oldest first
             if expert.materialized:
@@ -260,7 +237,7 @@ class ExpertCache:
             tokens, expert.nbytes, expert.flops_per_token, self.costs
         )
         # Room first, so that the read goes into what the evicted experts leave.
-        spare: list[dict[str, torch.Tensor]] = []
+        spare: list[dict[str, torch.Tensor]] = [self.replaced.pop(expert.layer, {})]
         admitted = not on_cpu and self._admits(expert) and self._room_for(expert.layer, expert.nbytes, spare=spare)
         buffers = expert.buffers(spare)
         tensors = expert.typed(expert.fill(buffers))
@@ -285,7 +262,11 @@ class ExpertCache:
             self.transient.discard(expert)
             expert.release()
         elif expert.owned:
-            expert.forget_replaced()
+            # Kept for the layer's next read, one expert's worth at most: freed, and read into fresh memory again at
+            # every miss, they churn the allocator (glibc keeps such blocks: hundreds of MB over a 4-bit decode).
+            replaced = expert.forget_replaced()
+            if replaced:
+                self.replaced[expert.layer] = replaced
 
     # --- reads ahead (prefetch.py) ------------------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ from accelerate.hooks import ModelHook, SequentialHook, add_hook_to_module, remo
 from accelerate.utils import convert_file_size_to_int, send_to_device
 from torch import nn
 
-from .expert_cache import ExpertCache, OffloadedExpert, count_at_largest
+from .expert_cache import ExpertCache, OffloadedExpert
 from .expert_eviction import eviction_named
+from .expert_shares import count_at_largest
 from .expert_store import FileTensor, MemoryTensor, folder_files, index_files
 from .moe import MixtureOfExperts
 from .prefetch import ExpertPrefetcher
