@@ -27,7 +27,11 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from .expert_eviction import RecencyEviction
 from .expert_placement import DeviceCosts, compute_on_cpu
 from .expert_shares import count_at_largest, layer_shares
+from .owned_memory import freed_heap_bytes, return_freed_memory
 from .quantized_experts import held_bytes, leaf_tensors
+
+# How much freed heap the cache lets glibc keep after a quantizer's repack before it has glibc give it back.
+KEPT_FREED_BYTES = 64 << 20
 
 
 @dataclass
@@ -262,11 +266,16 @@ class ExpertCache:
             self.transient.discard(expert)
             expert.release()
         elif expert.owned:
-            # Kept for the layer's next read, one expert's worth at most: freed, and read into fresh memory again at
-            # every miss, they churn the allocator (glibc keeps such blocks: hundreds of MB over a 4-bit decode).
+            # Kept for the layer's next read, one expert's worth at most, rather than freed and allocated again.
             replaced = expert.forget_replaced()
             if replaced:
                 self.replaced[expert.layer] = replaced
+                # The repack's temporaries (tens of MB a weight) were freed, and glibc keeps such blocks once its
+                # mmap threshold has risen: 330-390 MB of heap over a 4-bit decode, which max_memory does not
+                # foresee and a memory cgroup counts. Trimmed past a bound: at every repack, the pages given back
+                # would be faulted in again, a third of the decoding speed.
+                if (freed_heap_bytes() or 0) > KEPT_FREED_BYTES:
+                    return_freed_memory()
 
     # --- reads ahead (prefetch.py) ------------------------------------------------------------------------------
 

@@ -65,6 +65,23 @@ def own_file_backed_tensors(model: nn.Module, only_misaligned: bool = False) -> 
     return copied
 
 
+class _HeapInfo(ctypes.Structure):  # glibc's `struct mallinfo2`
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def freed_heap_bytes() -> int | None:
+    """The bytes of freed blocks glibc keeps in its heaps (`mallinfo2`, all arenas; microseconds), or None where the
+    C library has no `mallinfo2` (glibc before 2.33, musl, macOS)."""
+    info = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if info is None:
+        return None
+    info.restype = _HeapInfo
+    return info().fordblks
+
+
 def return_freed_memory() -> None:
     """Gives the pages of freed heap blocks back to the system (glibc's `malloc_trim`). Loading through a quantizer
     frees a full-precision copy of every weight it quantizes, and glibc keeps those blocks in the arenas of the

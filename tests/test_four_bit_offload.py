@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from fivefold.architectures import stock_class_name
 from fivefold.conversion.inputs import causal_text_sample
+from fivefold.modeling import expert_cache
 from fivefold.modeling.quantized_experts import held_bytes, leaf_tensors
 
 pytest.importorskip("bitsandbytes")
@@ -166,3 +167,26 @@ def test_an_8bit_checkpoint_with_experts_on_disk_is_refused_as_transformers_refu
     model.save_pretrained(tmp_path / "eight-bit")
     with pytest.raises(ValueError, match="dispatched on the CPU or the disk"):
         cls.from_pretrained(tmp_path / "eight-bit", device_map=_odd_experts_on_disk(model))
+
+
+@pytest.mark.parametrize("arch", MIXTRAL, ids=lambda arch: arch.stock_model_type)
+def test_the_memory_a_repack_frees_is_given_back_past_a_bound(arch, four_bit_folder, monkeypatch):
+    """bitsandbytes repacks a 4-bit weight at its first call on a CPU with AVX-512 BF16; the cache keeps the read
+    buffer it leaves for the layer's next read, and has glibc give back the freed heap past KEPT_FREED_BYTES."""
+    cls, _, folder, whole = four_bit_folder(arch)
+    placed = cls.from_pretrained(folder, device_map=_odd_experts_on_disk(whole)).eval()
+    trims = []
+    monkeypatch.setattr(expert_cache, "KEPT_FREED_BYTES", -1)
+    monkeypatch.setattr(expert_cache, "return_freed_memory", lambda: trims.append(1))
+    ids = causal_text_sample(whole.config, "MixtralForCausalLM")["input_ids"][:1, :6]
+    placed.generate(ids, max_new_tokens=4, do_sample=False)
+    cache = placed.expert_cache
+    repacked = [e for e in cache.experts.values() if e.materialized and _repacked(e.module)]
+    if not repacked:
+        pytest.skip("bitsandbytes does not repack 4-bit weights on this CPU")
+    stored = set(repacked[0].sources)  # one expert's worth per layer at most
+    assert trims and cache.replaced and all(set(kept) <= stored for kept in cache.replaced.values())
+
+
+def _repacked(expert) -> bool:
+    return any(getattr(getattr(p, "quant_state", None), "packing_format_for_cpu", False) for p in expert.parameters())
