@@ -3,13 +3,15 @@
 from typing import Protocol
 
 
-class Sized(Protocol):
+class SizedExpert(Protocol):
+    """What the shares read of an expert (expert_cache.OffloadedExpert)."""
+
     layer: str
     nbytes: int
     materialized: bool
 
 
-def count_at_largest(experts: list[Sized]) -> None:
+def count_at_largest(experts: list[SizedExpert]) -> None:
     """Counts each layer's experts at its largest one's bytes: experts of one shape may store a few bytes of state
     more or less (double quantization's offset), and a share sized to the bytes placed would then evict two experts
     to admit one."""
@@ -20,7 +22,7 @@ def count_at_largest(experts: list[Sized]) -> None:
         expert.nbytes = largest[expert.layer]
 
 
-def layer_shares(experts: list[Sized], layers: list[str], budget: int) -> dict[str, int]:
+def layer_shares(experts: list[SizedExpert], layers: list[str], budget: int) -> dict[str, int]:
     """Each layer's share of the budget, in proportion to its experts' bytes; where the budget holds every expert the
     device map placed on the device, each layer's share holds its own (a map may place more experts of one layer than
     of another, and a share in proportion alone would evict one at load)."""
