@@ -88,8 +88,13 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
         # itself when they get no cache, which a fresh one holds nothing of yet.
         # The row test first: reading a static cache's length is a data-dependent branch a compiled step must not see.
-        packed = is_packed_row(position_ids, attention_mask) and (
-            cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0)
+        # So is the row test, on more than one token: a compiled step with a cache reads no packing (stock reads it
+        # only without a cache), and generate's compiled prefill keeps one graph.
+        compiled_with_cache = cache is not None and torch.compiler.is_compiling()
+        packed = (
+            not compiled_with_cache
+            and is_packed_row(position_ids, attention_mask)
+            and (cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0))
         )
         cached = None if packed else cache
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)

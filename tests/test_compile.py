@@ -83,7 +83,8 @@ def test_dynamic_shapes_compile_once(converted, arch):
 def test_decode_steps_over_a_static_cache_compile_once(converted, arch, rows):
     """Prefill in eager, then decoding steps (one token per row, the mask over every slot of the cache) through a
     compiled forward that compiles once, against the same steps in eager over a cache of their own. One row: the
-    steps as generate() takes them for one prompt, position ids and no mask (a one-token row is not packed)."""
+    prefill and steps as generate() takes them for one prompt, position ids and no mask, compiled too (a compiled
+    step with a cache reads no packing)."""
     model, _ = load(converted, arch, "AutoModelForCausalLM")
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(5, model.config.vocab_size, (rows, 6), generator=gen)
@@ -95,7 +96,11 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch, rows):
         cache = StaticCache(config=model.config, max_cache_len=slots)
         logits = []
         with torch.no_grad():
-            model(input_ids=prompt, cache=cache, attention_mask=torch.ones_like(prompt), use_cache=True)
+            if rows > 1:
+                model(input_ids=prompt, cache=cache, attention_mask=torch.ones_like(prompt), use_cache=True)
+            else:  # as generate() runs a compiled prefill for one prompt: position ids, no mask
+                positions = torch.arange(prompt.shape[1]).unsqueeze(0)
+                logits.append(step(input_ids=prompt, cache=cache, position_ids=positions, use_cache=True).logits)
             for i in range(steps.shape[1]):
                 with torch._dynamo.config.patch(error_on_recompile=i > 0):
                     out = step(
