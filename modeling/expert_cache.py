@@ -76,6 +76,7 @@ class OffloadedExpert:
         self.read_bytes = sum(source.nbytes for source in sources.values())  # from disk, per read
         self.flops_per_token = 2 * sum(_logical_numel(p) for p in module.parameters())
         self.owned: dict[str, torch.Tensor] = {}  # read buffers its parameters are views of, while materialized
+        self.unrun = False  # materialized, and not called since: a quantizer may still replace its data
 
     def __repr__(self) -> str:
         return f"OffloadedExpert({self.layer}.experts.{self.index})"
@@ -113,6 +114,7 @@ class OffloadedExpert:
             _set_parameter(self.module, name, parameter)
             held |= _storages(parameter)
         self.owned = {n: b for n, b in (buffers or {}).items() if b is not None and b.data_ptr() in held}
+        self.unrun = True
 
     def forget_replaced(self) -> dict[str, torch.Tensor]:
         """Lets go of the read buffers no parameter is a view of any more, and returns them: a quantizer may replace
@@ -265,9 +267,10 @@ class ExpertCache:
         if expert in self.transient:
             self.transient.discard(expert)
             expert.release()
-        elif expert.owned:
+        elif expert.unrun:  # a repack happens at the first call only: later calls skip the walk over its storages
+            expert.unrun = False
             # Kept for the layer's next read, one expert's worth at most, rather than freed and allocated again.
-            replaced = expert.forget_replaced()
+            replaced = expert.forget_replaced() if expert.owned else {}
             if replaced:
                 self.replaced[expert.layer] = replaced
                 # The repack's temporaries (tens of MB a weight) were freed, and glibc keeps such blocks once its
