@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -86,7 +87,11 @@ def step_bytes(model: torch.nn.Module) -> int:
     return int(total)
 
 
-def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]]:
+def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = False) -> list[list[str]]:
+    """The decoding table's rows for one model. `compiled`: each contender's forward compiled as inductor's int8
+    GEMM needs it (`max-autotune`, freezing: the weights become constants of the graph), decoding over a
+    `StaticCache` of one length for every run (one graph for the prefill, one for the steps); the last column is
+    then the first generation's seconds, the compilation's."""
     new = args.new_tokens
     models = {
         "fivefold fp32": found.load_fivefold(),
@@ -97,12 +102,22 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
     }
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     settings = dict(do_sample=False, pad_token_id=0)
+    if compiled:
+        torch._dynamo.reset()
+        for model in models.values():
+            model.forward = torch.compile(model.forward, mode="max-autotune-no-cudagraphs")
 
     def run(model, n):
+        cache = transformers.StaticCache(model.config, max_cache_len=args.prompt + new) if compiled else None
         with torch.no_grad():
-            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **settings)
+            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, past_key_values=cache, **settings)
 
-    tokens = {label: run(model, new)[0, args.prompt :] for label, model in models.items()}  # also the warm-up
+    tokens, first_seconds = {}, {}
+    for label, model in models.items():  # also the warm-up, and with `compiled` the compilation
+        start = time.perf_counter()
+        with torch._inductor.config.patch(freezing=compiled):
+            tokens[label] = run(model, new)[0, args.prompt :]
+        first_seconds[label] = time.perf_counter() - start
     times = alternate({(k, n): (lambda m=m, n=n: run(m, n)) for k, m in models.items() for n in (new, 1)}, args.runs)
     rows = []
     for label, model in models.items():
@@ -117,6 +132,8 @@ def decoding(name: str, found, config, args, bandwidth: float) -> list[list[str]
         rows.append([f"{label} ({name})", str(len(quantized_modules(model))), f"{tps:.1f}", f"{vs_fp32:.2f}x"])
         rows[-1] += [f"{vs_stock:.2f}x", f"{step_ms:.1f}", f"{floor_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
         rows[-1].append(f"{agree}/{new}")
+        if compiled:
+            rows[-1].append(f"{first_seconds[label]:.0f}")
     return rows
 
 
@@ -216,6 +233,7 @@ def main() -> None:
     parser = command_line(__doc__)
     for option, (default, _) in DECODING.items():
         parser.add_argument(f"--{option}", type=int, default=default)
+    parser.add_argument("--compiled", action="store_true", help="also the decoders compiled (minutes each)")
     args = parse(parser)
     for option, (_, quick) in DECODING.items():
         if args.quick:
@@ -251,7 +269,17 @@ def main() -> None:
                 cells += [f"{fp32[2]:.1f}", f"{quantized[2]:.1f}"]
                 memory.append(["mixtral", *cells])
     header = ["model", "modules quantized", "tok/s", "vs fivefold fp32", "vs stock int8", "step ms", "floor ms"]
-    lines += ["", *table([*header, "step / floor", "tokens as fp32"], rows)]
+    header += ["step / floor", "tokens as fp32"]
+    lines += ["", *table(header, rows)]
+    if args.compiled:  # a mixture's compiled graph runs every expert on every token: decoders without experts only
+        rows = []
+        with torch._inductor.config.patch(max_autotune_gemm_backends="CPP,ATEN"):
+            for name, stock_class, fields in decoders[:-1]:
+                with checkpoints(stock_class, fields) as found:
+                    config = transformers.AutoConfig.from_pretrained(found.stock_dir)
+                    rows += decoding(name if not args.quick else f"{name} tiny", found, config, args, bandwidth, True)
+        lines += ["", "compiled: `torch.compile(forward, mode='max-autotune-no-cudagraphs')`, freezing, StaticCache"]
+        lines += ["", *table([*header, "first generation s (compiling)"], rows)]
     header = ["model", "peak RSS at load, fp32 MiB", "peak int8 MiB", "peak int8 / fp32"]
     header += ["anonymous once loaded, fp32 MiB", "anonymous int8 MiB", "anonymous int8 / fp32"]
     header += ["load s, fp32", "load s, int8"]

@@ -22,7 +22,6 @@ torchao is never imported: its weights are recognised by what they hold.
 Shapes: N tokens (B * T), C channels (the input features), O head outputs (the output features).
 """
 
-import functools
 import threading
 import weakref
 
@@ -31,6 +30,9 @@ import torch
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
 INT8PACK_CAPABILITIES = frozenset({"AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
 _INT8PACK = getattr(getattr(torch.ops, "aten", None), "_weight_int8pack_mm", None)
+
+
+_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _capability() -> str:
@@ -72,6 +74,13 @@ def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | N
     return _once_per_weight("per-row", weight, _read_per_row_int8)
 
 
+@torch.compiler.assume_constant_result
+def _is_per_row_int8(weight: torch.Tensor) -> bool:
+    """`_per_row_int8(weight) is not None`, which a tracer takes as a constant found on the real weight (it reads
+    the zero points' values)."""
+    return _per_row_int8(weight) is not None
+
+
 def _read_per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
     if not (isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor)) or qdata.dtype != torch.int8:
@@ -96,10 +105,17 @@ def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return _per_row_int8(weight)
 
 
-@functools.lru_cache(maxsize=64)
+# The kernel's scales where the real ones are applied after it, one tensor per width, made once and not once per call.
+# A traced graph reads them from here as constants: inductor's fallback to the aten kernel (torch 2.13) fails on
+# scales the graph computes, a `torch.ones` of its own among them.
+_UNIT_SCALES: dict[int, torch.Tensor] = {}
+
+
 def _unit_scales(rows: int) -> torch.Tensor:
-    """The kernel's scales when the real ones are applied after it: made once per width, not once per call."""
-    return torch.ones(rows, dtype=torch.bfloat16)
+    scales = _UNIT_SCALES.get(rows)
+    if scales is None:
+        scales = _UNIT_SCALES[rows] = torch.ones(rows, dtype=torch.bfloat16)
+    return scales
 
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,7 +130,7 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """`F.linear(x, weight, bias)` through `_weight_int8pack_mm` for a torchao int8 weight-only weight on the CPU
     where the kernel is vectorised; None where it does not apply."""
     dtype = x.dtype
-    if not INT8PACK_ON or not x.is_cpu or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if not INT8PACK_ON or not x.is_cpu or dtype not in _ACTIVATIONS:
         return None
     packed = _once_per_weight("int8pack", weight, _int8pack_operands)
     if packed is None:
@@ -135,6 +151,27 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
         y = torch.mul(y, scale)
     else:
         y = torch.addcmul(bias if bias.dtype == dtype else bias.to(dtype), y, scale)
+    return y.reshape(*x.shape[:-1], qdata.shape[0])
+
+
+@torch.compiler.assume_constant_result
+def _int8pack_takes(weight: torch.Tensor) -> bool:
+    """Whether `_weight_int8pack_mm` may multiply by this weight: found on the real weight while tracing (a fake
+    tensor knows neither its alignment nor its zero points' values), a constant of the graph."""
+    return INT8PACK_ON and _once_per_weight("int8pack", weight, _int8pack_operands) is not None
+
+
+def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """`int8_weight_only_linear` written for dynamo: the same arithmetic, on the weight's own int8 data rather than
+    operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
+    aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
+    int8 weights at twice the aten kernel's rate at one row (Zen 4). None where the weight is not one it takes."""
+    if not x.is_cpu or x.dtype not in _ACTIVATIONS or not _int8pack_takes(weight):
+        return None
+    qdata, scale = weight.qdata, weight.scale.reshape(-1).to(x.dtype)
+    unit_scales = _UNIT_SCALES[qdata.shape[0]]  # made while `_int8pack_takes` was found
+    y = _INT8PACK(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), qdata, unit_scales).to(x.dtype)  # [N, O]
+    y = y * scale if bias is None else torch.addcmul(bias.to(x.dtype), y, scale)
     return y.reshape(*x.shape[:-1], qdata.shape[0])
 
 
@@ -258,10 +295,9 @@ def int8_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | No
     back as torchao dequantizes (int8 to the table's dtype, times the row's scale), so the result is torchao's bit
     for bit. torchao's own path dequantizes the whole table at every call: 155 ms a decoding step's lookup in
     GPT-2's 50,257 x 768 table (Zen 4), against microseconds here. None where it does not apply."""
-    parts = _per_row_int8(weight)
-    if parts is None or not (ids.is_cpu and parts[0].is_cpu) or not weight.dtype.is_floating_point:
+    if not (ids.is_cpu and weight.is_cpu and weight.dtype.is_floating_point) or not _is_per_row_int8(weight):
         return None
-    qdata, scale = parts
+    qdata, scale = weight.qdata, weight.scale.reshape(-1)
     flat = ids.reshape(-1)  # index_select, not indexing: a negative id is an IndexError, as in F.embedding
     rows = torch.index_select(qdata, 0, flat).to(weight.dtype)  # [N, C]
     looked_up = (rows * torch.index_select(scale, 0, flat).unsqueeze(-1)).to(weight.dtype)

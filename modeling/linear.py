@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
 
-from .int8 import int8_dynamic_linears, int8_linear
+from .int8 import int8_dynamic_linears, int8_linear, traced_int8_linear
 
 
 def find_private(path: str) -> object | None:
@@ -180,7 +180,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # A tensor subclass's weight on plain activations (an FX proxy is neither).
     quantized = type(x) in _PLAIN and type(weight) not in _PLAIN and isinstance(weight, torch.Tensor)
     if not MISSING_PRIVATE and quantized and not (torch.is_grad_enabled() and x.requires_grad):
-        y = None if _watched() else int8_linear(x, weight, bias)  # compilers and tracers see torchao's own op
+        if not _watched():
+            y = int8_linear(x, weight, bias)
+        else:  # dynamo sees torchao's int8 product as the op its int8 GEMM lowers; other tracers, torchao's own op
+            y = traced_int8_linear(x, weight, bias) if torch.compiler.is_dynamo_compiling() else None
         if y is not None:
             return y
     return F.linear(x, weight, bias)

@@ -1,0 +1,83 @@
+"""torchao int8 weight-only under torch.compile: fivefold's linears hand dynamo the int8 product itself
+(`_weight_int8pack_mm`), which inductor lowers to its own int8 GEMM under freezing and max-autotune, in one graph
+with the same results as eager."""
+
+import pytest
+import torch
+import transformers
+
+from fivefold.modeling import int8
+from fivefold.modeling.quantization import quantized_modules
+
+pytest.importorskip("torchao")
+
+
+@pytest.fixture
+def int8_gpt2(converted, monkeypatch):
+    """A tiny fivefold GPT-2 under int8 weight-only with its table and tied head, the int8 kernel on (forced on
+    where torch runs it as a scalar loop: its results are the same), and a prompt."""
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    _, folder = converted("gpt2", "GPT2LMHeadModel")
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig(), include_input_output_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    return model, ids
+
+
+def _products(graph: torch.fx.GraphModule) -> int:
+    op = torch.ops.aten._weight_int8pack_mm
+    return sum(node.target in (op, op.default) for node in graph.graph.nodes)
+
+
+def _traced(model, ids) -> tuple[list[torch.fx.GraphModule], torch.Tensor, torch.Tensor]:
+    """Dynamo's graphs of the model's forward (run as traced, no compiler), its logits so and in eager."""
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    with torch.no_grad():
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=recording, fullgraph=True)(ids).logits
+    return graphs, compiled, eager
+
+
+def test_compiled_int8_linears_are_the_int8_product_in_one_graph(int8_gpt2):
+    model, ids = int8_gpt2
+    graphs, compiled, eager = _traced(model, ids)
+    assert len(graphs) == 1
+    linears = [model.get_submodule(name) for name in quantized_modules(model)]
+    linears = [m for m in linears if isinstance(m, torch.nn.Linear)]  # the table is looked up, not multiplied
+    # The kernel reads past a row whose width is no multiple of 16 (the tiny model's 37-wide down projections):
+    # those keep torchao's op, compiled as in eager.
+    taken = [m for m in linears if m.in_features % 16 == 0]
+    assert 0 < len(taken) < len(linears)
+    assert _products(graphs[0]) == len(taken)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+
+
+def test_weights_the_kernel_must_not_take_keep_torchaos_op_when_compiled(int8_gpt2, monkeypatch):
+    """Found on the real weight while tracing: a weight the eager path refuses (here: every weight, the kernel off)
+    is traced as torchao's own dequantizing product, as before."""
+    model, ids = int8_gpt2
+    monkeypatch.setattr(int8, "INT8PACK_ON", False)
+    graphs, compiled, eager = _traced(model, ids)
+    assert _products(graphs[0]) == 0
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_inductor_freezes_the_int8_weights_and_equals_eager(int8_gpt2, monkeypatch):
+    """Inductor under freezing (weights as constants of the graph, as its int8 GEMM template needs them): the
+    compiled model's logits equal eager's within bf16's rounding of the sums, and greedy tokens agree."""
+    model, ids = int8_gpt2
+    monkeypatch.setattr(torch._inductor.config, "freezing", True)
+    with torch.no_grad():
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)(ids).logits
+    torch.testing.assert_close(compiled, eager, atol=1e-3, rtol=1e-3)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
