@@ -110,7 +110,7 @@ def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = 
     def run(model, n):
         cache = transformers.StaticCache(model.config, max_cache_len=args.prompt + new) if compiled else None
         with torch.no_grad():
-            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, past_key_values=cache, **settings)
+            return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, cache=cache, **settings)
 
     tokens, first_seconds = {}, {}
     for label, model in models.items():  # also the warm-up, and with `compiled` the compilation
@@ -273,7 +273,11 @@ def main() -> None:
     lines += ["", *table(header, rows)]
     if args.compiled:  # a mixture's compiled graph runs every expert on every token: decoders without experts only
         rows = []
-        with torch._inductor.config.patch(max_autotune_gemm_backends="CPP,ATEN"):
+        # Stock's forwards share one code object (transformers' deprecation wrapper), and each model compiles a few
+        # graphs (the prefill, the steps, a cache not yet initialised): dynamo's default limit of 8 would leave the
+        # last contenders in eager.
+        tuning = torch._inductor.config.patch(max_autotune_gemm_backends="CPP,ATEN")
+        with tuning, torch._dynamo.config.patch(recompile_limit=64):
             for name, stock_class, fields in decoders[:-1]:
                 with checkpoints(stock_class, fields) as found:
                     config = transformers.AutoConfig.from_pretrained(found.stock_dir)

@@ -9,6 +9,12 @@ activations only), so a decoding step reads one byte a weight. torch vectorises 
 better; on AVX2 it runs a scalar loop, slower than torchao's path, so there the path stays off
 (`INT8PACK_CAPABILITIES`).
 
+Under torch.compile, torchao's weight-only product traces as a dequantization and a full-precision matmul, which
+freezing folds back into full-precision constants. `traced_int8_linear` hands dynamo the int8 product itself:
+inductor lowers `_weight_int8pack_mm` to the aten kernel, or, with frozen weights and `max-autotune`, to an int8
+GEMM it generates for the weight's shape, which streams int8 weights at DRAM speed where the aten kernel is bound
+by its arithmetic.
+
 `Int8DynamicActivationInt8WeightConfig()` quantizes the activations too, per row and symmetrically, at every call.
 torchao's path multiplies in int8 (`torch._int_mm`) but spends more time around the product than in it: its scale
 search and rounding run as a dozen Python-level ops per call, and on a CPU with VNNI but no AMX it shifts the
