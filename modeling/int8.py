@@ -28,6 +28,7 @@ torchao is never imported: its weights are recognised by what they hold.
 Shapes: N tokens (B * T), C channels (the input features), O head outputs (the output features).
 """
 
+import functools
 import threading
 import weakref
 
@@ -111,17 +112,15 @@ def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return _per_row_int8(weight)
 
 
-# The kernel's scales where the real ones are applied after it, one tensor per width, made once and not once per call.
-# A traced graph reads them from here as constants: inductor's fallback to the aten kernel (torch 2.13) fails on
-# scales the graph computes, a `torch.ones` of its own among them.
-_UNIT_SCALES: dict[int, torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _unit_scales(rows: int) -> torch.Tensor:
-    scales = _UNIT_SCALES.get(rows)
-    if scales is None:
-        scales = _UNIT_SCALES[rows] = torch.ones(rows, dtype=torch.bfloat16)
-    return scales
+    """The kernel's scales when the real ones are applied after it: made once per width, not once per call."""
+    return torch.ones(rows, dtype=torch.bfloat16)
+
+
+# A traced graph's unit scales, sliced from one constant: inductor's fallback to the aten kernel (torch 2.13) fails on
+# scales the graph computes (a `torch.ones` of its own), and dynamo reads a cache of them as it was when first read.
+_TRACED_UNIT_SCALES = torch.ones(1 << 18, dtype=torch.bfloat16)
 
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -172,10 +171,12 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
     aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
     int8 weights at twice the aten kernel's rate at one row (Zen 4). None where the weight is not one it takes."""
-    if not x.is_cpu or x.dtype not in _ACTIVATIONS or not _int8pack_takes(weight):
+    if not x.is_cpu or x.dtype not in _ACTIVATIONS or weight.shape[0] > _TRACED_UNIT_SCALES.numel():
+        return None
+    if not _int8pack_takes(weight):
         return None
     qdata, scale = weight.qdata, weight.scale.reshape(-1).to(x.dtype)
-    unit_scales = _UNIT_SCALES[qdata.shape[0]]  # made while `_int8pack_takes` was found
+    unit_scales = _TRACED_UNIT_SCALES[: qdata.shape[0]]
     y = _INT8PACK(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), qdata, unit_scales).to(x.dtype)  # [N, O]
     y = y * scale if bias is None else torch.addcmul(bias.to(x.dtype), y, scale)
     return y.reshape(*x.shape[:-1], qdata.shape[0])
