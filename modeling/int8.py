@@ -134,13 +134,19 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` through `_weight_int8pack_mm` for a torchao int8 weight-only weight on the CPU
     where the kernel is vectorised; None where it does not apply."""
-    dtype = x.dtype
-    if not INT8PACK_ON or not x.is_cpu or dtype not in _ACTIVATIONS:
+    if not INT8PACK_ON or not x.is_cpu or x.dtype not in _ACTIVATIONS:
         return None
     packed = _once_per_weight("int8pack", weight, _int8pack_operands)
     if packed is None:
         return None
-    qdata, unit_scales, scale = packed
+    return _int8pack_product(x, *packed, bias)
+
+
+def _int8pack_product(
+    x: torch.Tensor, qdata: torch.Tensor, unit_scales: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x @ (qdata * scale).T + bias through `_weight_int8pack_mm`, eager or traced."""
+    dtype = x.dtype
     # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
     # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
     # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
@@ -171,15 +177,10 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
     aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
     int8 weights at twice the aten kernel's rate at one row (Zen 4). None where the weight is not one it takes."""
-    if not x.is_cpu or x.dtype not in _ACTIVATIONS or weight.shape[0] > _TRACED_UNIT_SCALES.numel():
+    rows = weight.shape[0]
+    if not x.is_cpu or x.dtype not in _ACTIVATIONS or rows > _TRACED_UNIT_SCALES.numel() or not _int8pack_takes(weight):
         return None
-    if not _int8pack_takes(weight):
-        return None
-    qdata, scale = weight.qdata, weight.scale.reshape(-1).to(x.dtype)
-    unit_scales = _TRACED_UNIT_SCALES[: qdata.shape[0]]
-    y = _INT8PACK(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), qdata, unit_scales).to(x.dtype)  # [N, O]
-    y = y * scale if bias is None else torch.addcmul(bias.to(x.dtype), y, scale)
-    return y.reshape(*x.shape[:-1], qdata.shape[0])
+    return _int8pack_product(x, weight.qdata, _TRACED_UNIT_SCALES[:rows], weight.scale.reshape(-1), bias)
 
 
 def _int8pack_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
