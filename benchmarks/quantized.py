@@ -37,6 +37,7 @@ from encoders import REAL, batches, onnxruntime_model, real_checkpoint
 from gpt2 import read_bandwidth
 from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
 
+import fivefold
 from fivefold.architectures import NAMES
 from fivefold.modeling import int8
 from fivefold.modeling.quantization import quantized_modules
@@ -89,7 +90,7 @@ def step_bytes(model: torch.nn.Module) -> int:
 
 def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = False) -> list[list[str]]:
     """The decoding table's rows for one model. `compiled`: each contender's forward compiled as inductor's int8
-    GEMM needs it (`max-autotune`, freezing: the weights become constants of the graph), decoding over a
+    GEMM needs it (`max_autotune`, freezing: the weights become constants of the graph), decoding over a
     `StaticCache` of one length for every run (one graph for the prefill, one for the steps); the last column is
     then the first generation's seconds, the compilation's."""
     new = args.new_tokens
@@ -104,8 +105,9 @@ def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = 
     settings = dict(do_sample=False, pad_token_id=0)
     if compiled:
         torch._dynamo.reset()
+        options = {"max_autotune": True, "guard_filter_fn": fivefold.frozen_weight_guards}  # not with `mode`
         for model in models.values():
-            model.forward = torch.compile(model.forward, mode="max-autotune-no-cudagraphs")
+            model.forward = torch.compile(model.forward, options=options)
 
     def run(model, n):
         cache = transformers.StaticCache(model.config, max_cache_len=args.prompt + new) if compiled else None
@@ -282,7 +284,7 @@ def main() -> None:
                 with checkpoints(stock_class, fields) as found:
                     config = transformers.AutoConfig.from_pretrained(found.stock_dir)
                     rows += decoding(name if not args.quick else f"{name} tiny", found, config, args, bandwidth, True)
-        lines += ["", "compiled: `torch.compile(forward, mode='max-autotune-no-cudagraphs')`, freezing, StaticCache"]
+        lines += ["", "compiled: max_autotune, freezing, StaticCache, fivefold.frozen_weight_guards"]
         lines += ["", *table([*header, "first generation s (compiling)"], rows)]
     header = ["model", "peak RSS at load, fp32 MiB", "peak int8 MiB", "peak int8 / fp32"]
     header += ["anonymous once loaded, fp32 MiB", "anonymous int8 MiB", "anonymous int8 / fp32"]

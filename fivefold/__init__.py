@@ -6,6 +6,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 
 from fivefold import conversion, peft_defaults
 from fivefold.architectures import ARCHITECTURES, register
+from fivefold.compiling import frozen_weight_guards
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
 from fivefold.masked_lm import MLM_PROBABILITY, PackedMaskedLMCollator, masked_lm_collator
 from fivefold.modeling.pretrained import FivefoldPreTrainedModel
@@ -57,6 +58,7 @@ __all__ = [
     "__version__",
     "convert",
     "export",
+    "frozen_weight_guards",
     "last_complete_checkpoint",
     "last_training_state",
     "load_training_state",

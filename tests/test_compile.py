@@ -2,12 +2,14 @@
 static cache, dynamic shapes without recompiling; the input checks run in eager and are skipped only while tracing.
 
 Most tests trace with `aot_eager` (dynamo and AOTAutograd: a graph break or a data-dependent guard fails there as it
-does under inductor, without inductor's C++ build, ~10 s a model on 2 cores); one test runs inductor end to end."""
+does under inductor, without inductor's C++ build, ~10 s a model on 2 cores); inductor runs end to end in two:
+one test against eager, one with frozen weights and `fivefold.frozen_weight_guards`."""
 
 import pytest
 import torch
 from transformers import EncoderDecoderCache, StaticCache
 
+import fivefold
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.modeling.embeddings import check_token_ids
 from fivefold.modeling.tracing import tracing
@@ -164,3 +166,33 @@ def test_input_checks_run_in_eager_and_are_skipped_only_while_tracing():
     assert traced and out.tolist() == [[2, 3, 501]]
     with pytest.raises(ValueError, match="outside the vocabulary"):
         checked(bad)  # the same function in eager, after compiling it
+
+
+@pytest.mark.slow  # inductor: seconds a model
+def test_frozen_weight_guards_keep_two_models_of_one_class_apart(converted):
+    """Two GPT-2s with different weights, compiled with frozen weights in one process and sharing one forward code
+    object: each answers with its own weights (the parameters' identities are still guarded), while most of
+    dynamo's module guards are gone."""
+    (arch,) = [a for a in ARCHITECTURES if a.stock_model_type == "gpt2"]
+    (first, inputs), (second, _) = load(converted, arch), load(converted, arch)
+    models = [first, second]
+    with torch.no_grad():
+        for weight in second.parameters():
+            weight.mul_(1.5)
+    expected = [first_output(model, inputs) for model in models]
+    assert (expected[0] - expected[1]).abs().max() > 0.1
+    decisions = []
+
+    def recording(entries: list) -> list[bool]:
+        decisions.append(fivefold.frozen_weight_guards(entries))
+        return decisions[-1]
+
+    for model in models:
+        model.forward = torch.compile(model.forward, options={"guard_filter_fn": recording})
+    with torch._inductor.config.patch(freezing=True):
+        got = [first_output(model, inputs) for model in models]
+    assert len(decisions) == 2  # a graph for each model
+    for found, want in zip(got, expected, strict=True):
+        assert (found - want).abs().max() <= TOL
+    for kept in decisions:
+        assert len(list(first.parameters())) <= sum(kept) < len(kept) / 2
