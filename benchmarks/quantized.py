@@ -293,8 +293,10 @@ def main() -> None:
         rows = []
         # Stock's forwards share one code object (transformers' deprecation wrapper), and each model compiles a few
         # graphs (the prefill, the steps, a cache not yet initialised): dynamo's default limit of 8 would leave the
-        # last contenders in eager.
-        tuning = torch._inductor.config.patch(max_autotune_gemm_backends="CPP,ATEN")
+        # last contenders in eager. Inductor's own GEMMs only: autotuning times each choice with its weight in cache,
+        # where the aten int8 kernel can beat inductor's, which reads int8 weights from DRAM at twice its rate at
+        # one row; with aten in the running, GPT-2's compiled int8 step took 8-10 ms where inductor's alone take 6-7.
+        tuning = torch._inductor.config.patch(max_autotune_gemm_backends="CPP")
         with tuning, torch._dynamo.config.patch(recompile_limit=64):
             for name, stock_class, fields in decoders[:-1]:
                 with checkpoints(stock_class, fields) as found:
