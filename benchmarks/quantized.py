@@ -17,6 +17,8 @@ Identical random weights (seed 0), every contender of a table timed alternately 
   fivefold under `Int8DynamicActivationInt8WeightConfig` against ONNX Runtime's `quantize_dynamic` (QInt8 weights,
   per channel) of stock's optimized export, with the mean cosine similarity of their mean-pooled embeddings to
   fp32's (as sentence-transformers users compare them); with `--compiled`, fivefold's model compiled too.
+With `--compiled`, the three decoders again, each contender compiled (the mixture's experts each behind
+`torch.cond`, so a step reads only the experts its token chose), beside fivefold's fp32 model in eager.
 Every report starts with the CPU capability torch dispatches to (AVX2, AVX512, AMX): fivefold's int8 decoding
 kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, and off below.
 
@@ -88,13 +90,18 @@ def step_bytes(model: torch.nn.Module) -> int:
     return int(total)
 
 
+EAGER_FP32 = "fivefold fp32, eager"
+
+
 def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = False) -> list[list[str]]:
     """The decoding table's rows for one model. `compiled`: each contender's forward compiled as inductor's int8
     GEMM needs it (`max_autotune`, freezing: the weights become constants of the graph), decoding over a
-    `StaticCache` of one length for every run (one graph for the prefill, one for the steps); the last column is
-    then the first generation's seconds, the compilation's."""
+    `StaticCache` of one length for every run (one graph for the prefill, one for the steps), beside fivefold's
+    fp32 model in eager (`EAGER_FP32`, the faster of the two fp32s for a mixture); the last column is then the
+    first generation's seconds, the compilation's."""
     new = args.new_tokens
-    models = {
+    models = {EAGER_FP32: found.load_fivefold()} if compiled else {}
+    models |= {
         "fivefold fp32": found.load_fivefold(),
         "fivefold int8": found.load_fivefold(quantization_config=int8_weight_only()),
         "stock int8": found.load_stock(quantization_config=int8_weight_only()),
@@ -106,11 +113,13 @@ def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = 
     if compiled:
         torch._dynamo.reset()
         options = {"max_autotune": True, "guard_filter_fn": fivefold.frozen_weight_guards}  # not with `mode`
-        for model in models.values():
-            model.forward = torch.compile(model.forward, options=options)
+        for label, model in models.items():
+            if label != EAGER_FP32:
+                model.forward = torch.compile(model.forward, options=options)
 
     def run(model, n):
-        cache = transformers.StaticCache(model.config, max_cache_len=args.prompt + new) if compiled else None
+        static = compiled and model is not models.get(EAGER_FP32)
+        cache = transformers.StaticCache(model.config, max_cache_len=args.prompt + new) if static else None
         with torch.no_grad():
             return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, cache=cache, **settings)
 
@@ -132,6 +141,8 @@ def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = 
         stock = "stock int8 + tables" if label.endswith("+ tables") else "stock int8"  # the same quantizer
         vs_stock = tps / (new / times[stock, new].median)
         rows.append([f"{label} ({name})", str(len(quantized_modules(model))), f"{tps:.1f}", f"{vs_fp32:.2f}x"])
+        if compiled:
+            rows[-1].append(f"{tps / (new / times[EAGER_FP32, new].median):.2f}x")
         rows[-1] += [f"{vs_stock:.2f}x", f"{step_ms:.1f}", f"{floor_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
         rows[-1].append(f"{agree}/{new}")
         if compiled:
@@ -289,7 +300,7 @@ def main() -> None:
     header = ["model", "modules quantized", "tok/s", "vs fivefold fp32", "vs stock int8", "step ms", "floor ms"]
     header += ["step / floor", "tokens as fp32"]
     lines += ["", *table(header, rows)]
-    if args.compiled:  # a mixture's compiled graph runs every expert on every token: decoders without experts only
+    if args.compiled:
         rows = []
         # Stock's forwards share one code object (transformers' deprecation wrapper), and each model compiles a few
         # graphs (the prefill, the steps, a cache not yet initialised): dynamo's default limit of 8 would leave the
@@ -298,15 +309,18 @@ def main() -> None:
         # one row; with aten in the running, GPT-2's compiled int8 step took 8-10 ms where inductor's alone take 6-7.
         # And a C++ wrapper: a SmolLM2-sized step launches some 450 kernels, whose calls from Python's wrapper cost
         # 1.6 ms of an 11 ms int8 step (9.0-9.9 with the C++ one; fp32 17.3 -> 16.5).
-        tuning = torch._inductor.config.patch(max_autotune_gemm_backends="CPP", cpp_wrapper=True)
-        with tuning, torch._dynamo.config.patch(recompile_limit=64):
-            for name, stock_class, fields in decoders[:-1]:
-                with checkpoints(stock_class, fields) as found:
-                    config = transformers.AutoConfig.from_pretrained(found.stock_dir)
-                    rows += decoding(name if not args.quick else f"{name} tiny", found, config, args, bandwidth, True)
-        settings = "max_autotune (CPP GEMMs), freezing, cpp_wrapper, StaticCache, fivefold.frozen_weight_guards"
-        lines += ["", f"compiled: {settings}"]
-        lines += ["", *table([*header, "first generation s (compiling)"], rows)]
+        # A mixture's experts run inside `torch.cond` (modeling/expert_paths.py), whose branches take the weights as
+        # inputs rather than constants: inductor's own GEMM needs constant weights, so there aten's kernels run too.
+        for name, stock_class, fields in decoders:
+            backends = "CPP,ATEN" if name == "mixtral" else "CPP"
+            tuning = torch._inductor.config.patch(max_autotune_gemm_backends=backends, cpp_wrapper=True)
+            with tuning, torch._dynamo.config.patch(recompile_limit=64), checkpoints(stock_class, fields) as found:
+                config = transformers.AutoConfig.from_pretrained(found.stock_dir)
+                rows += decoding(name if not args.quick else f"{name} tiny", found, config, args, bandwidth, True)
+        settings = "max_autotune (CPP GEMMs; CPP and ATEN for mixtral), freezing, cpp_wrapper, StaticCache"
+        lines += ["", f"compiled: {settings}, fivefold.frozen_weight_guards"]
+        compiled_header = [*header[:4], "vs fivefold fp32, eager", *header[4:], "first generation s (compiling)"]
+        lines += ["", *table(compiled_header, rows)]
     header = ["model", "peak RSS at load, fp32 MiB", "peak int8 MiB", "peak int8 / fp32"]
     header += ["anonymous once loaded, fp32 MiB", "anonymous int8 MiB", "anonymous int8 / fp32"]
     header += ["load s, fp32", "load s, int8"]

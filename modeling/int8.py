@@ -177,10 +177,21 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
     aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
     int8 weights at twice the aten kernel's rate at one row (Zen 4). None where the weight is not one it takes."""
-    rows = weight.shape[0]
-    if not x.is_cpu or x.dtype not in _ACTIVATIONS or rows > _TRACED_UNIT_SCALES.numel() or not _int8pack_takes(weight):
+    if not traced_int8_takes(x, weight):
         return None
+    rows = weight.shape[0]
     return _int8pack_product(x, weight.qdata, _TRACED_UNIT_SCALES[:rows], weight.scale.reshape(-1), bias)
+
+
+def traced_int8_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `traced_int8_linear` multiplies x by this weight: the graph then holds the weight's plain int8 data
+    and scales rather than the weight itself."""
+    return (
+        x.is_cpu
+        and x.dtype in _ACTIVATIONS
+        and weight.shape[0] <= _TRACED_UNIT_SCALES.numel()
+        and _int8pack_takes(weight)
+    )
 
 
 def _int8pack_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

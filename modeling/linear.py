@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
 
-from .int8 import int8_dynamic_linears, int8_linear, traced_int8_linear
+from .int8 import int8_dynamic_linears, int8_linear, traced_int8_linear, traced_int8_takes
 
 
 def find_private(path: str) -> object | None:
@@ -187,6 +187,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if y is not None:
             return y
     return F.linear(x, weight, bias)
+
+
+def traces_to_plain_tensors(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear(x, weight)` puts only plain tensors into a torch.compile graph: a plain weight, or a
+    quantizer's int8 weight that the traced int8 product reads as its int8 data and scales."""
+    return type(weight) in _PLAIN or (not MISSING_PRIVATE and traced_int8_takes(x, weight))
 
 
 class Linear(nn.Linear):

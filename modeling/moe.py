@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .expert_paths import weighted_experts
+from .expert_paths import traced_experts
 from .feedforward import ClampedSwiGLU, FeedForwardSpec, GatedFeedForward
 from .linear import Linear
 from .routers import RouterLogits, TopKRouter, routing
@@ -114,7 +114,7 @@ class MixtureOfExperts(nn.Module):
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [N, C], weights/experts: [N, R] -> [N, C], each token the weighted sum of its experts' outputs."""
         if tracing():  # no grouping by expert in a graph (expert_paths.py)
-            return weighted_experts(x, weights, experts, self.experts)
+            return traced_experts(x, weights, experts, self.experts)
         flat = experts.reshape(-1)  # [A]
         order = flat.argsort(stable=True)  # [A], assignments grouped by expert
         token = order // self.top_k  # [A], the token of each grouped assignment

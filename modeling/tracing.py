@@ -12,6 +12,9 @@ documented behaviour under tracing:
 - Unpadding (a padded batch packed into its real tokens): its sizes depend on the mask's values, so traced graphs
   run the padded layout with the mask, as stock does (kernels.unpads).
 - Mask shortcuts (no mask when nothing is padded): traced graphs always carry the mask.
+
+What a graph holds may also depend on who traces it: torch.compile runs its graph itself, so it may take control
+flow inside the graph (`torch.cond`, expert_paths.py), where exporters get plain tensor ops (`tracing_for_export`).
 """
 
 import functools
@@ -30,6 +33,12 @@ _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 def tracing() -> bool:
     """Whether the current call is being traced into a graph rather than run."""
     return torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing()
+
+
+def tracing_for_export() -> bool:
+    """Whether the graph being traced is for an exporter (torch.export, torch.onnx.export, torch.jit.trace) rather
+    than for torch.compile to run: such graphs keep to plain tensor ops."""
+    return _is_exporting() or torch.jit.is_tracing()
 
 
 def eager_only(check: Callable[P, None]) -> Callable[P, None]:

@@ -1,7 +1,8 @@
 """torchao int8 under torch.compile. Weight-only: fivefold's linears hand dynamo the int8 product itself
 (`_weight_int8pack_mm`), which inductor lowers to its own int8 GEMM under freezing and max-autotune, in one graph
 with the same results as eager. Dynamic (int8 activations too): torchao's own product is traced, and inductor keeps
-it in int8 (`torch._int_mm`) with the quantization around it fused."""
+it in int8 (`torch._int_mm`) with the quantization around it fused. A mixture's int8 experts run behind `torch.cond`
+where their weights enter the graph as plain tensors."""
 
 import pytest
 import torch
@@ -113,3 +114,35 @@ def test_compiled_dynamic_int8_multiplies_in_int8_as_close_to_fp32_as_eager(conv
     real = mask.bool()
     error, eager_error = ((t - full)[real].abs().mean() for t in (compiled, eager))
     assert 0 < error <= 1.5 * eager_error
+
+
+@pytest.mark.parametrize(("width", "cond"), [(48, True), (40, False)])
+def test_compiled_int8_mixture_skips_unchosen_experts_where_their_weights_trace_as_plain_tensors(
+    converted, monkeypatch, width, cond
+):
+    """A tiny Mixtral under int8 weight-only, compiled without gradients through AOTAutograd: where every expert's
+    weights enter the graph as their int8 data and scales (widths multiple of 16), each expert runs behind
+    `torch.cond`; where a weight stays torchao's tensor subclass (a 40-wide down projection), which AOTAutograd
+    refuses as an operand of `torch.cond`, the layer runs every expert instead. Both compile and equal eager."""
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=width)
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(graph, example_inputs)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=recording, fullgraph=True)(ids, attention_mask=mask, use_cache=False)
+        eager = model(ids, attention_mask=mask, use_cache=False).logits
+    conds = sum(node.target is torch.ops.higher_order.cond for node in graphs[0].graph.nodes)
+    experts = model.config.num_hidden_layers * model.config.num_local_experts
+    assert conds == (experts if cond else 0)
+    torch.testing.assert_close(compiled.logits, eager, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,6 @@
 """The mixture-of-experts layer on its own: the dense invariant, Mixtral's routing and dispatch against stock's
-sparse block on the same weights, gradients, and the auxiliary losses against stock's formula."""
+sparse block on the same weights, gradients, the experts a compiled graph skips, and the auxiliary losses against
+stock's formula."""
 
 import pytest
 import torch
@@ -66,6 +67,27 @@ def test_experts_without_tokens_are_skipped():
         assert (stock(x.clone()) - ours(x)).abs().max() <= 1e-5
     assert calls and 0 not in calls and 1 not in calls
     assert calls == sorted(calls)  # one call per expert, tokens grouped
+
+
+@pytest.mark.slow  # dynamo: a few seconds
+def test_compiled_inference_skips_experts_without_tokens_inside_the_graph():
+    """Compiled without gradients, each expert runs behind `torch.cond` on whether a token chose it: experts 0 and 1,
+    chosen by no token and holding NaN weights, leave the output as eager's. With gradients (training) the graph
+    runs every expert on every token, weighted by zero where not chosen: NaN shows it ran them."""
+    stock, ours = _pair()
+    with torch.no_grad():  # positive inputs: experts 0 and 1 score below zero, the others above, on every token
+        ours.router.weight.abs_()
+        ours.router.weight[:2] = -1.0
+        stock.gate.weight.copy_(ours.router.weight)
+        for expert in ours.experts[:2]:
+            expert.down_proj.weight.fill_(float("nan"))
+    x = torch.rand(2, 7, C) + 0.1
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert (compiled(x) - stock(x.clone())).abs().max() <= 1e-5
+    assert compiled(x).isnan().all()
+    torch._dynamo.reset()
 
 
 def test_no_tokens():
