@@ -17,8 +17,8 @@ Identical random weights (seed 0), every contender of a table timed alternately 
   fivefold under `Int8DynamicActivationInt8WeightConfig` against ONNX Runtime's `quantize_dynamic` (QInt8 weights,
   per channel) of stock's optimized export, with the mean cosine similarity of their mean-pooled embeddings to
   fp32's (as sentence-transformers users compare them); with `--compiled`, fivefold's model compiled too.
-With `--compiled`, the three decoders again, each contender compiled (the mixture's experts each behind
-`torch.cond`, so a step reads only the experts its token chose), beside fivefold's fp32 model in eager.
+With `--compiled`, the three decoders again, each contender compiled (fivefold's mixture with each expert behind
+`torch.cond`, so that a step reads only the experts its token chose), beside fivefold's fp32 model in eager.
 Every report starts with the CPU capability torch dispatches to (AVX2, AVX512, AMX): fivefold's int8 decoding
 kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, and off below.
 

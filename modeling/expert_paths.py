@@ -4,14 +4,15 @@ The eager dispatch groups tokens by expert, sizes only the routing values know. 
 every token of the call and weights each output by the token's routing weight for that expert (zero where it was
 not chosen), so no shape depends on the routing. `traced_experts` picks how:
 
-- skipping, for compiled inference: each expert behind `torch.cond` on whether any token chose it, so a compiled
-  decoding step reads only its tokens' experts (2 of Mixtral's 8 for one sequence) and a prefill that touches every
-  expert costs what running all of them costs. The reduced Mixtral's compiled int8 decoding step (hidden 1024, 8
-  experts, top-2): 10.9 ms, where running every expert took 27 (Zen 4, 2 threads).
+- skipping, for compiled inference on the CPU: each expert behind `torch.cond` on whether any token chose it, so a
+  compiled decoding step reads only its tokens' experts (2 of Mixtral's 8 for one sequence) and a prefill that
+  touches every expert costs what running all of them costs. The reduced Mixtral's compiled int8 decoding step
+  (hidden 1024, 8 experts, top-2): 10.9 ms, where running every expert took 27 (Zen 4, 2 threads).
 - every expert on every token, E / R times the multiply-adds, everywhere else: in training (every expert then gets
   a gradient, a zero one where no token chose it, as the eager dispatch gives it); for exporters and
-  `torch.jit.trace` (a graph of plain tensor ops); for offloaded experts, and for experts whose weights enter the
-  graph as a quantizer's tensor subclass (quanto's; torchao's other than the int8 weights fivefold multiplies).
+  `torch.jit.trace` (a graph of plain tensor ops); for experts placed on another device than the tokens or
+  offloaded; and for experts whose weights enter the graph as a quantizer's tensor subclass (quanto's; torchao's
+  other than the int8 weights fivefold multiplies).
 
 Shapes: N tokens, C channels, E experts, R experts per token.
 """
@@ -21,10 +22,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .linear import traces_to_plain_tensors
+from .linear import intercepted, traces_to_plain_tensors
 from .tracing import tracing_for_export
 
 # torch.cond arrived in torch 2.4; shipped remote code may meet an older torch (this file travels in converted folders).
+# Measured with torch 2.13 only.
 _COND = getattr(torch, "cond", None)
 
 
@@ -32,16 +34,26 @@ def traced_experts(
     x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, experts: nn.ModuleList
 ) -> torch.Tensor:
     """x: [N, C], weights/chosen: [N, R] -> [N, C] under tracing, through the path for the setting (above)."""
-    skip = _COND is not None and not torch.is_grad_enabled() and not tracing_for_export() and _plain(x, experts)
+    # On the CPU only: measured there. On a GPU inductor's `cond` reads each predicate on the host (a sync per
+    # expert a step) and gives up CUDA graphs for the whole graph; not measured.
+    skip = (
+        _COND is not None
+        and x.is_cpu
+        and not torch.is_grad_enabled()
+        and not tracing_for_export()
+        and _plain(x, experts)
+    )
     return weighted_experts(x, weights, chosen, experts, skip_unchosen=skip)
 
 
 def _plain(x: torch.Tensor, experts: nn.ModuleList) -> bool:
-    """Whether the experts hold their weights and put only plain tensors into the graph. AOTAutograd has no rule
-    for a tensor subclass (a quantizer's weight) among `torch.cond`'s operands (torch 2.13), and a branch must
-    trace whole, which an offloaded expert's reads (weights on "meta" until its hook brings them) do not: such
-    experts stay on the dense path."""
-    return all(t.device.type != "meta" and traces_to_plain_tensors(x, t) for t in experts.parameters())
+    """Whether the experts hold their weights where the tokens are, put only plain tensors into the graph and run
+    nothing but their own forwards. A `torch.cond` branch must trace whole (dynamo has no graph break inside one),
+    which hooks need not (those that move an expert placed elsewhere or read an offloaded one, with its weights on
+    "meta" until then, or a user's); and AOTAutograd has no rule for a tensor subclass (a quantizer's weight) among
+    `torch.cond`'s operands (torch 2.13). Such experts stay on the dense path."""
+    held = all(t.device == x.device and traces_to_plain_tensors(x, t) for t in experts.parameters())
+    return held and not any(intercepted(module) for module in experts.modules())
 
 
 def weighted_experts(
@@ -74,4 +86,4 @@ def _weighted(expert: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch
 
 
 def _unchosen(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(x, dtype=weight.dtype)
+    return torch.zeros_like(x, dtype=torch.promote_types(x.dtype, weight.dtype))  # the dtype `_weighted` returns

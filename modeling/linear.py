@@ -211,7 +211,7 @@ def linears_on_one_input(x: torch.Tensor, *layers: nn.Module) -> list[torch.Tens
         and not MISSING_PRIVATE
         and type(x) in _PLAIN
         and all(
-            type(layer) is Linear and type(layer.weight) not in _PLAIN and not _intercepted(layer) for layer in layers
+            type(layer) is Linear and type(layer.weight) not in _PLAIN and not intercepted(layer) for layer in layers
         )
         and not _watched()
     )
@@ -230,7 +230,7 @@ FUSED_ACTIVATIONS: dict[type, tuple[str, list, str]] = {
 }
 
 
-def _intercepted(layer: nn.Module) -> bool:
+def intercepted(layer: nn.Module) -> bool:
     """Whether something other than `Linear.forward` may run on a call of `layer` (hooks, a patched forward)."""
     return bool(
         layer._forward_hooks
@@ -250,7 +250,7 @@ def linear_then_activation(layer: nn.Module, activation: nn.Module, x: torch.Ten
     and a second [N, F] buffer costs its page faults (a ragged MiniLM batch's int8 GELUs spent 53 ms a forward in
     them, Zen 4)."""
     fused = FUSED_ACTIVATIONS.get(type(activation))
-    if fused is None or type(layer) is not Linear or _intercepted(layer) or _intercepted(activation):
+    if fused is None or type(layer) is not Linear or intercepted(layer) or intercepted(activation):
         return activation(layer(x))
     if uses_onednn(x, layer.weight, layer.bias):
         return _ONEDNN_LINEAR(x, layer.weight, layer.bias, *fused)

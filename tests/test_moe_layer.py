@@ -83,11 +83,37 @@ def test_compiled_inference_skips_experts_without_tokens_inside_the_graph():
             expert.down_proj.weight.fill_(float("nan"))
     x = torch.rand(2, 7, C) + 0.1
     torch._dynamo.reset()
-    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
-    with torch.no_grad():
-        assert (compiled(x) - stock(x.clone())).abs().max() <= 1e-5
-    assert compiled(x).isnan().all()
+    try:
+        compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            assert (compiled(x) - stock(x.clone())).abs().max() <= 1e-5
+        assert compiled(x).isnan().all()
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow  # dynamo and torch.export: a few seconds
+def test_graphs_where_cond_cannot_go_run_every_expert():
+    """An fp64 layer compiles with `torch.cond` (its branches agree on the dtype); a layer whose expert has a hook
+    (which a `torch.cond` branch could not trace whole) compiles on the dense path; an export holds no `cond`.
+    Each equals eager."""
+    _, ours = _pair()
+    x = torch.randn(2, 5, C)
+    calls = []
     torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            wide = ours.double()
+            assert torch.allclose(torch.compile(wide, backend="aot_eager")(x.double()), wide(x.double()))
+            ours.float()
+            exported = torch.export.export(ours, (x,))
+            assert not any(node.target is torch.ops.higher_order.cond for node in exported.graph.nodes)
+            assert torch.allclose(exported.module()(x), ours(x), atol=1e-6)
+            ours.experts[0].register_forward_hook(lambda module, args, out: calls.append(out.shape))
+            assert torch.allclose(torch.compile(ours, backend="aot_eager")(x), ours(x), atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    assert calls
 
 
 def test_no_tokens():
