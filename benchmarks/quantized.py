@@ -310,7 +310,9 @@ def main() -> None:
         # And a C++ wrapper: a SmolLM2-sized step launches some 450 kernels, whose calls from Python's wrapper cost
         # 1.6 ms of an 11 ms int8 step (9.0-9.9 with the C++ one; fp32 17.3 -> 16.5).
         # A mixture's experts run inside `torch.cond` (modeling/expert_paths.py), whose branches take the weights as
-        # inputs rather than constants: inductor's own GEMM needs constant weights, so there aten's kernels run too.
+        # inputs rather than constants: inductor's own GEMM needs constant weights, so there aten's GEMMs run too
+        # (fp32 experts; int8 ones on several rows, as bf16; at one row an int8 expert is a reduction inductor makes,
+        # modeling/operand_weights.py).
         for name, stock_class, fields in decoders:
             backends = "CPP,ATEN" if name == "mixtral" else "CPP"
             tuning = torch._inductor.config.patch(max_autotune_gemm_backends=backends, cpp_wrapper=True)

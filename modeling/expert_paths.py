@@ -7,7 +7,8 @@ not chosen), so no shape depends on the routing. `traced_experts` picks how:
 - skipping, for compiled inference on the CPU: each expert behind `torch.cond` on whether any token chose it, so a
   compiled decoding step reads only its tokens' experts (2 of Mixtral's 8 for one sequence) and a prefill that
   touches every expert costs what running all of them costs. The reduced Mixtral's compiled int8 decoding step
-  (hidden 1024, 8 experts, top-2): 10.9 ms, where running every expert took 27 (Zen 4, 2 threads).
+  (hidden 1024, 8 experts, top-2): 10.9 ms, where running every expert took 27 (Zen 4, 2 threads); 9.0 with the
+  branches' int8 products written for weights that are operands (`weights_as_operands`, operand_weights.py).
 - every expert on every token, E / R times the multiply-adds, everywhere else: in training (every expert then gets
   a gradient, a zero one where no token chose it, as the eager dispatch gives it); for exporters and
   `torch.jit.trace` (a graph of plain tensor ops); for experts placed on another device than the tokens or
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from .linear import intercepted, traces_to_plain_tensors
+from .operand_weights import weights_as_operands
 from .tracing import tracing_for_export
 
 # torch.cond arrived in torch 2.4; shipped remote code may meet an older torch (this file travels in converted folders).
@@ -71,7 +73,8 @@ def weighted_experts(
     for e, expert in enumerate(experts):
         operands = (x, combine[:, e, None])
         if skip_unchosen:
-            out = out + _COND(chosen.eq(e).any(), _weighted(expert), _unchosen, operands)
+            with weights_as_operands():
+                out = out + _COND(chosen.eq(e).any(), _weighted(expert), _unchosen, operands)
         else:
             out = out + _weighted(expert)(*operands)
     return out.to(x.dtype)

@@ -34,6 +34,8 @@ import weakref
 
 import torch
 
+from .operand_weights import operand_int8_product, operand_weights
+
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
 INT8PACK_CAPABILITIES = frozenset({"AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
 _INT8PACK = getattr(getattr(torch.ops, "aten", None), "_weight_int8pack_mm", None)
@@ -152,7 +154,7 @@ def _int8pack_product(
     # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
     # than the int8 weights themselves (2^-8 of a row's largest weight).
     x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-    y = _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
+    y = operand_int8_product(x16, qdata) if operand_weights() else _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
     if dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
         y = y.to(dtype)
     # A decoding step runs one of these per linear (210 for a SmolLM2-sized model): the dtype tests in Python cost a

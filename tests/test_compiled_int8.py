@@ -2,7 +2,8 @@
 (`_weight_int8pack_mm`), which inductor lowers to its own int8 GEMM under freezing and max-autotune, in one graph
 with the same results as eager. Dynamic (int8 activations too): torchao's own product is traced, and inductor keeps
 it in int8 (`torch._int_mm`) with the quantization around it fused. A mixture's int8 experts run behind `torch.cond`
-where their weights enter the graph as plain tensors."""
+where their weights enter the graph as plain tensors; there the weights are operands, not constants, and an expert's
+int8 product is written so that inductor makes it fast without a GEMM of its own."""
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _products(graph: torch.fx.GraphModule) -> int:
     return sum(node.target in (op, op.default) for node in graph.graph.nodes)
 
 
-def _traced(model, ids) -> tuple[list[torch.fx.GraphModule], torch.Tensor, torch.Tensor]:
+def _traced(model, ids, **inputs) -> tuple[list[torch.fx.GraphModule], torch.Tensor, torch.Tensor]:
     """Dynamo's graphs of the model's forward (run as traced, no compiler), its logits so and in eager. Traced
     first: nothing found for a weight in eager is there to help the trace."""
     graphs = []
@@ -44,8 +45,8 @@ def _traced(model, ids) -> tuple[list[torch.fx.GraphModule], torch.Tensor, torch
 
     with torch.no_grad():
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend=recording, fullgraph=True)(ids).logits
-        eager = model(ids).logits
+        compiled = torch.compile(model, backend=recording, fullgraph=True)(ids, **inputs).logits
+        eager = model(ids, **inputs).logits
     return graphs, compiled, eager
 
 
@@ -146,3 +147,37 @@ def test_compiled_int8_mixture_skips_unchosen_experts_where_their_weights_trace_
     experts = model.config.num_hidden_layers * model.config.num_local_experts
     assert conds == (experts if cond else 0)
     torch.testing.assert_close(compiled.logits, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_int8_experts_behind_cond_multiply_as_a_reduction_or_a_bf16_product(converted, monkeypatch, tokens):
+    """Inside `torch.cond` an expert's int8 weights are operands, not constants, and inductor has no int8 GEMM of
+    its own for them: at one row the experts' products trace as a reduction over the channels, at several as a bf16
+    GEMM, never as `_weight_int8pack_mm` (which the attention's constant weights keep); the logits stay eager's."""
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=48)
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    graphs, compiled, eager = _traced(model, ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    branches = [m for name, m in graphs[0].named_modules() if name.startswith("cond_true")]
+    assert len(branches) == model.config.num_hidden_layers * model.config.num_local_experts
+    assert sum(_products(branch) for branch in branches) == 0
+    assert _products(graphs[0]) == 4 * model.config.num_hidden_layers  # q, k, v, o
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_operand_int8_product_equals_the_int8_kernel(rows):
+    """The reduction and the bf16 GEMM give `_weight_int8pack_mm`'s products with unit scales, to bf16's rounding."""
+    from fivefold.modeling.operand_weights import operand_int8_product
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 64, generator=generator).to(torch.bfloat16)
+    qdata = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=generator)
+    expected = torch.ops.aten._weight_int8pack_mm(x, qdata, torch.ones(32, dtype=torch.bfloat16))
+    product = operand_int8_product(x, qdata)
+    assert product.dtype == torch.bfloat16 and product.shape == (rows, 32)
+    torch.testing.assert_close(product.float(), expected.float(), rtol=2**-8, atol=0)

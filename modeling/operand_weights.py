@@ -1,0 +1,45 @@
+"""The traced int8 product where its weights are operands of a graph rather than constants of it.
+
+Under torch.compile with freezing, a linear's weights become constants of the graph, and inductor lowers the int8
+product (`_weight_int8pack_mm`) to an int8 GEMM it generates for that constant weight. A `torch.cond` branch (a
+compiled mixture runs each expert behind one, modeling/expert_paths.py) takes its weights as operands instead, and
+there inductor has no GEMM of its own: the aten kernel runs, bound by its arithmetic (one row: 12-19 GB/s of int8
+weights; 32 rows: 1.8 ms for a 3584 x 1024 weight, Zen 4, 2 threads). Inside `weights_as_operands()` the traced
+int8 product is written so that inductor makes something faster of it:
+
+- one row, a reduction over the channels, `(x * w).sum(-1)`, which inductor generates as one vectorised kernel
+  reading the int8 weight once (22-28 GB/s);
+- several rows, the weight converted to bf16 and multiplied by aten's bf16 GEMM (32 rows: 1.0 ms).
+
+Shapes: N tokens, C channels, O outputs.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+# Read while dynamo traces a branch: set around `torch.cond` in the traced code, dynamo sees the value set.
+_OPERANDS = [False]
+
+
+@contextlib.contextmanager
+def weights_as_operands() -> Iterator[None]:
+    """Inside, traced int8 products take their weights as operands (a `torch.cond` branch's)."""
+    before = _OPERANDS[0]
+    _OPERANDS[0] = True
+    try:
+        yield
+    finally:
+        _OPERANDS[0] = before
+
+
+def operand_weights() -> bool:
+    return _OPERANDS[0]
+
+
+def operand_int8_product(x16: torch.Tensor, qdata: torch.Tensor) -> torch.Tensor:
+    """x16 [N, C] bf16 @ qdata [O, C] int8 .T -> [N, O] bf16, as the unit-scaled `_weight_int8pack_mm` gives it."""
+    if x16.shape[0] == 1:
+        return (x16.float() * qdata).sum(-1, keepdim=True).T.to(torch.bfloat16)
+    return x16 @ qdata.to(torch.bfloat16).T
