@@ -145,16 +145,24 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
 
 
 def _int8pack_product(
-    x: torch.Tensor, qdata: torch.Tensor, unit_scales: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    qdata: torch.Tensor,
+    unit_scales: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    operands: bool = False,
 ) -> torch.Tensor:
-    """x @ (qdata * scale).T + bias through `_weight_int8pack_mm`, eager or traced."""
+    """x @ (qdata * scale).T + bias through `_weight_int8pack_mm`, eager or traced; with `operands`, traced where
+    the weights are a graph's operands (operand_weights.py)."""
     dtype = x.dtype
     # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
     # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
     # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
     # than the int8 weights themselves (2^-8 of a row's largest weight).
     x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
-    y = operand_int8_product(x16, qdata) if operand_weights() else _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
+    y = operand_int8_product(x16, qdata) if operands else None
+    if y is None:
+        y = _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
     if dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
         y = y.to(dtype)
     # A decoding step runs one of these per linear (210 for a SmolLM2-sized model): the dtype tests in Python cost a
@@ -182,7 +190,8 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if not traced_int8_takes(x, weight):
         return None
     rows = weight.shape[0]
-    return _int8pack_product(x, weight.qdata, _TRACED_UNIT_SCALES[:rows], weight.scale.reshape(-1), bias)
+    qdata, scale = weight.qdata, weight.scale.reshape(-1)
+    return _int8pack_product(x, qdata, _TRACED_UNIT_SCALES[:rows], scale, bias, operands=operand_weights())
 
 
 def traced_int8_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -1,17 +1,19 @@
 """The traced int8 product where its weights are operands of a graph rather than constants of it.
 
-Under torch.compile with freezing, a linear's weights become constants of the graph, and inductor lowers the int8
-product (`_weight_int8pack_mm`) to an int8 GEMM it generates for that constant weight. A `torch.cond` branch (a
-compiled mixture runs each expert behind one, modeling/expert_paths.py) takes its weights as operands instead, and
-there inductor has no GEMM of its own: the aten kernel runs, bound by its arithmetic (one row: 12-19 GB/s of int8
-weights; 32 rows: 1.8 ms for a 3584 x 1024 weight, Zen 4, 2 threads). Inside `weights_as_operands()` the traced
-int8 product is written so that inductor makes something faster of it:
+Under torch.compile with freezing, a linear's weights become constants of the graph, and with max-autotune inductor
+lowers the int8 product (`_weight_int8pack_mm`) to an int8 GEMM it generates for that constant weight. A `torch.cond`
+branch (a compiled mixture runs each expert behind one, modeling/expert_paths.py) takes its weights as operands instead,
+and there inductor has no GEMM of its own: the aten kernel runs, bound by its arithmetic (one row: 12-19 GB/s of int8
+weights; 32 rows: 1.8 ms for a 3584 x 1024 weight, Zen 4, 2 threads). Inside `weights_as_operands()` the traced int8
+product is written so that inductor makes something faster of it:
 
 - one row, a reduction over the channels, `(x * w).sum(-1)`, which inductor generates as one vectorised kernel
   reading the int8 weight once (22-28 GB/s);
-- several rows, the weight converted to bf16 and multiplied by aten's bf16 GEMM (32 rows: 1.0 ms).
+- from 8 rows, the weight converted to bf16 and multiplied by aten's bf16 GEMM (32 rows: 1.0 ms);
+- between, the aten kernel still: a 3584 x 1024 weight compiled as a graph input, 2 rows 0.28 ms (the reduction
+  0.35, the bf16 GEMM 0.46), 4 rows 0.37 (0.72, 0.54), 8 rows 0.73 (1.45, 0.72).
 
-Shapes: N tokens, C channels, O outputs.
+Shapes: N tokens, C channels (the input features), O head outputs (the output features).
 """
 
 import contextlib
@@ -19,7 +21,9 @@ from collections.abc import Iterator
 
 import torch
 
-# Read while dynamo traces a branch: set around `torch.cond` in the traced code, dynamo sees the value set.
+# Set around `torch.cond` in traced code and read while dynamo traces the branch, which sees the value set (dynamo
+# writes the list's final value back after the graph runs: False again). A list, so that the importers of
+# `operand_weights` read the current value rather than the one they imported.
 _OPERANDS = [False]
 
 
@@ -35,11 +39,19 @@ def weights_as_operands() -> Iterator[None]:
 
 
 def operand_weights() -> bool:
+    """Whether the traced code being run takes its weights as operands (inside `weights_as_operands()`)."""
     return _OPERANDS[0]
 
 
-def operand_int8_product(x16: torch.Tensor, qdata: torch.Tensor) -> torch.Tensor:
-    """x16 [N, C] bf16 @ qdata [O, C] int8 .T -> [N, O] bf16, as the unit-scaled `_weight_int8pack_mm` gives it."""
-    if x16.shape[0] == 1:
+_GEMM_ROWS = 8
+
+
+def operand_int8_product(x16: torch.Tensor, qdata: torch.Tensor) -> torch.Tensor | None:
+    """x16 [N, C] bf16 @ qdata [O, C] int8 .T -> [N, O] bf16, as the unit-scaled `_weight_int8pack_mm` gives it;
+    None where that kernel is the faster (2 to 7 rows)."""
+    rows = x16.shape[0]
+    if rows == 1:
         return (x16.float() * qdata).sum(-1, keepdim=True).T.to(torch.bfloat16)
-    return x16 @ qdata.to(torch.bfloat16).T
+    if rows >= _GEMM_ROWS:
+        return x16 @ qdata.to(torch.bfloat16).T
+    return None

@@ -5,6 +5,8 @@ it in int8 (`torch._int_mm`) with the quantization around it fused. A mixture's 
 where their weights enter the graph as plain tensors; there the weights are operands, not constants, and an expert's
 int8 product is written so that inductor makes it fast without a GEMM of its own."""
 
+import operator
+
 import pytest
 import torch
 import transformers
@@ -149,11 +151,12 @@ def test_compiled_int8_mixture_skips_unchosen_experts_where_their_weights_trace_
     torch.testing.assert_close(compiled.logits, eager, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("tokens", [1, 5, 9])
 def test_int8_experts_behind_cond_multiply_as_a_reduction_or_a_bf16_product(converted, monkeypatch, tokens):
     """Inside `torch.cond` an expert's int8 weights are operands, not constants, and inductor has no int8 GEMM of
-    its own for them: at one row the experts' products trace as a reduction over the channels, at several as a bf16
-    GEMM, never as `_weight_int8pack_mm` (which the attention's constant weights keep); the logits stay eager's."""
+    its own for them: at one row the experts' products trace as a reduction over the channels, from 8 rows as a bf16
+    GEMM, in between as `_weight_int8pack_mm` still (which the attention's constant weights keep throughout); the
+    logits stay eager's."""
     from torchao.quantization import Int8WeightOnlyConfig
 
     monkeypatch.setattr(int8, "INT8PACK_ON", True)
@@ -164,12 +167,14 @@ def test_int8_experts_behind_cond_multiply_as_a_reduction_or_a_bf16_product(conv
     graphs, compiled, eager = _traced(model, ids, attention_mask=torch.ones_like(ids), use_cache=False)
     branches = [m for name, m in graphs[0].named_modules() if name.startswith("cond_true")]
     assert len(branches) == model.config.num_hidden_layers * model.config.num_local_experts
-    assert sum(_products(branch) for branch in branches) == 0
+    assert sum(_products(branch) for branch in branches) == (3 * len(branches) if tokens == 5 else 0)
+    written = {1: ("sum",), 5: (), 9: (operator.matmul, "matmul", "__matmul__")}[tokens]
+    assert all(any(node.target in written for node in branch.graph.nodes) for branch in branches) == bool(written)
     assert _products(graphs[0]) == 4 * model.config.num_hidden_layers  # q, k, v, o
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 8])
 def test_operand_int8_product_equals_the_int8_kernel(rows):
     """The reduction and the bf16 GEMM give `_weight_int8pack_mm`'s products with unit scales, to bf16's rounding."""
     from fivefold.modeling.operand_weights import operand_int8_product
@@ -180,4 +185,4 @@ def test_operand_int8_product_equals_the_int8_kernel(rows):
     expected = torch.ops.aten._weight_int8pack_mm(x, qdata, torch.ones(32, dtype=torch.bfloat16))
     product = operand_int8_product(x, qdata)
     assert product.dtype == torch.bfloat16 and product.shape == (rows, 32)
-    torch.testing.assert_close(product.float(), expected.float(), rtol=2**-8, atol=0)
+    torch.testing.assert_close(product.float(), expected.float(), rtol=2**-7, atol=0)  # one bf16 step
