@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -35,6 +36,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import is_flash_attention_requested
 
 from .batching import is_paged, paged_masks
+from .grouped_sdpa import grouped_sdpa_attention
 from .padding import PackedSequences
 from .tracing import tracing
 
@@ -194,7 +196,8 @@ def attention_kernel(config, mask: object, sinks: bool = False) -> Callable:
 
 
 def _selected(implementation: str | None) -> Callable:
-    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
+    found = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
+    return grouped_sdpa_attention if found is sdpa_attention_forward else found  # the same, its heads not copied
 
 
 def window_kwargs(config, window: int | None, mask: object) -> dict:
