@@ -1,10 +1,12 @@
 """sdpa on the CPU with grouped key/value heads read where they are.
 
 transformers' sdpa copies each key/value head once for every query head it serves (`repeat_kv`) whenever a mask is
-given or the call is traced, because CUDA's fused kernels take no mask with grouped heads. torch's CPU flash kernel
-indexes the shared heads itself (`enable_gqa`), mask or not, with the same outputs and gradients. Compiled, a
-SmolLM2-sized decoding step (9 query heads over 3, a 96-position `StaticCache`) spent 1.1 ms of its 10.5 in those
-copies (benchmarks/quantized.py). Every other call goes to transformers' sdpa unchanged.
+given to more than one query, or the call is traced, because CUDA's fused kernels take no mask with grouped heads
+(one query in eager it folds into the key/value heads, copying nothing). torch's CPU flash kernel indexes the shared
+heads itself (`enable_gqa`), mask or not, with the same outputs and gradients. Compiled, a SmolLM2-sized decoding
+step (9 query heads over 3, a 96-position `StaticCache`) took 1.1-1.6 ms less of its 10.5 without those copies
+(benchmarks/quantized.py). Every other call, and any call under `torch.jit.trace` (whose shapes are tensors), goes
+to transformers' sdpa unchanged.
 
 Shapes: B batch, T time (the queries), S key positions, H query heads, K key/value heads, D head dim.
 """
@@ -20,6 +22,7 @@ def reads_grouped_heads(module: nn.Module, query: torch.Tensor, kwargs: dict) ->
     the extras only transformers' function handles (a position bias, a softcap, a request for weights)."""
     return (
         getattr(module, "num_key_value_groups", 1) > 1
+        and not torch.jit.is_tracing()
         and query.device.type == "cpu"
         and kwargs.get("position_bias") is None
         and kwargs.get("softcap") is None
