@@ -80,22 +80,20 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if not is_paged(cache):  # continuous batching's masks are its own (batching.paged_masks)
             check_attention_mask(attention_mask, batch, length, cached=True)
+        # Documents packed in one row (the caller's position ids restarting, no mask): transformers' mask functions
+        # keep each document to itself when they get no cache, which a fresh one holds nothing of yet. Reading the
+        # ids is a data-dependent branch a graph cannot hold: a traced call leaves packing to the mask functions,
+        # which build it into the mask without a cache (as stock does) and read none with one.
+        packed = (
+            not torch.compiler.is_compiling()
+            and is_packed_row(position_ids, attention_mask)
+            and (cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0))
+        )
         if position_ids is None:
             past = cache.get_seq_length(self.first_layer) if cache is not None else 0
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
-        # Packed documents (position ids restarting, no mask): transformers' mask functions keep each document to
-        # itself when they get no cache, which a fresh one holds nothing of yet.
-        # The row test first: reading a static cache's length is a data-dependent branch a compiled step must not see.
-        # So is the row test, on more than one token: a compiled step with a cache reads no packing (stock reads it
-        # only without a cache), and generate's compiled prefill keeps one graph.
-        compiled_with_cache = cache is not None and torch.compiler.is_compiling()
-        packed = (
-            not compiled_with_cache
-            and is_packed_row(position_ids, attention_mask)
-            and (cache is None or (not is_paged(cache) and cache.get_seq_length(self.first_layer) == 0))
-        )
         cached = None if packed else cache
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
         hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)

@@ -196,3 +196,36 @@ def test_frozen_weight_guards_keep_two_models_of_one_class_apart(converted):
         assert (found - want).abs().max() <= TOL
     for kept in decisions:
         assert len(list(first.parameters())) <= sum(kept) < len(kept) / 2
+
+
+@pytest.mark.slow  # dynamo and AOTAutograd, forward and backward: seconds a model
+@pytest.mark.parametrize(
+    "arch", [pytest.param(a, id=a.stock_model_type) for a in ARCHITECTURES if "AutoModelForCausalLM" in a.models]
+)
+def test_training_step_without_a_mask_compiles_to_one_graph(converted, arch):
+    """A training forward as a pretraining loop or `DataCollatorWithFlattening` calls it: input ids and labels, no
+    mask, no cache; a batch of rows, then documents packed in one row (position ids restarting). One graph each,
+    loss and gradients equal to eager (which packs the documents; the graph leaves that to the mask functions)."""
+    model, _ = load(converted, arch, "AutoModelForCausalLM")
+    model.train()
+    model.config.use_cache = False
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(5, model.config.vocab_size, (2, 7), generator=gen)
+    packed = torch.randint(5, model.config.vocab_size, (1, 9), generator=gen)
+    batches = [
+        {"input_ids": rows, "labels": rows},
+        {"input_ids": packed, "labels": packed, "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]])},
+    ]
+    compiled = torch.compile(model, fullgraph=True, backend=CHEAP)
+    for batch in batches:
+        results = []
+        for forward in (model, compiled):
+            model.zero_grad()
+            torch.manual_seed(0)  # dropout, where a config has it
+            loss = forward(**batch).loss
+            loss.backward()
+            results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        (want, want_grads), (got, got_grads) = results
+        assert (got - want).abs() <= TOL
+        assert len(got_grads) == len(want_grads) > 0
+        assert max((g - w).abs().max() for g, w in zip(got_grads, want_grads, strict=True)) <= TOL
