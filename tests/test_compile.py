@@ -8,6 +8,7 @@ one test against eager, one with frozen weights and `fivefold.frozen_weight_guar
 import pytest
 import torch
 from transformers import EncoderDecoderCache, StaticCache
+from transformers.cache_utils import StaticSlidingWindowLayer
 
 import fivefold
 from fivefold.architectures import ARCHITECTURES, stock_class_name
@@ -17,9 +18,7 @@ from fivefold.modeling.tracing import tracing
 TOL = 1e-4
 CHEAP = "aot_eager"
 DECODERS = [
-    pytest.param(arch, id=arch.stock_model_type)
-    for arch in ARCHITECTURES
-    if arch.stock_model_type in ("gpt2", "mixtral")
+    pytest.param(arch, id=arch.stock_model_type) for arch in ARCHITECTURES if "AutoModelForCausalLM" in arch.models
 ]
 
 
@@ -86,8 +85,11 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch, rows):
     """Prefill in eager, then decoding steps (one token per row, the mask over every slot of the cache) through a
     compiled forward that compiles once, against the same steps in eager over a cache of their own. One row: the
     prefill and steps as generate() takes them for one prompt, position ids and no mask, compiled too (a compiled
-    step with a cache reads no packing)."""
+    step with a cache reads no packing). Sliding windows: transformers' static window layers guard on whether the
+    window is full, so the steps compile twice (stock's too) and are checked for equality only."""
     model, _ = load(converted, arch, "AutoModelForCausalLM")
+    layers = StaticCache(config=model.config, max_cache_len=12).layers
+    windowed = any(isinstance(layer, StaticSlidingWindowLayer) for layer in layers)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(5, model.config.vocab_size, (rows, 6), generator=gen)
     steps = torch.randint(5, model.config.vocab_size, (rows, 3), generator=gen)
@@ -104,7 +106,7 @@ def test_decode_steps_over_a_static_cache_compile_once(converted, arch, rows):
                 positions = torch.arange(prompt.shape[1]).unsqueeze(0)
                 logits.append(step(input_ids=prompt, cache=cache, position_ids=positions, use_cache=True).logits)
             for i in range(steps.shape[1]):
-                with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                with torch._dynamo.config.patch(error_on_recompile=i > 0 and not windowed):
                     out = step(
                         input_ids=steps[:, i : i + 1],
                         cache=cache,
