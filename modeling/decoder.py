@@ -8,6 +8,8 @@ installed transformers uses.
 Shapes: B batch, T time, P cached steps, C channels, V vocabulary, L labels.
 """
 
+import contextlib
+
 import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache
@@ -32,6 +34,7 @@ from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
 from .tasks import TaskModel
+from .tracing import without_branches
 
 logger = logging.get_logger(__name__)
 
@@ -74,7 +77,8 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if self.training and torch.is_grad_enabled() and self.checkpointing():
             use_cache = False  # checkpointed layers recompute their forward and would append to the cache twice
-        if use_cache and cache is None:
+        made_here = use_cache and cache is None
+        if made_here:
             cache = DynamicCache(config=self.config)
 
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
@@ -96,7 +100,10 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         cached = None if packed else cache
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
-        hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
+        # A compiled call that fills a cache it made must not branch (tracing.py).
+        branching = without_branches() if made_here and torch.compiler.is_compiling() else contextlib.nullcontext()
+        with branching:
+            hidden = self.run_blocks(hidden, masks, position_ids, cache=cache, position_ids=position_ids, **kwargs)
         hidden = self.dropout(self.norm(hidden))
         return self.output_class(last_hidden_state=hidden, **{CACHE_FIELD: cache if use_cache else None})
 

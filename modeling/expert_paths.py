@@ -12,8 +12,9 @@ not chosen), so no shape depends on the routing. `traced_experts` picks how:
 - every expert on every token, E / R times the multiply-adds, everywhere else: in training (every expert then gets
   a gradient, a zero one where no token chose it, as the eager dispatch gives it); for exporters and
   `torch.jit.trace` (a graph of plain tensor ops); for experts placed on another device than the tokens or
-  offloaded; and for experts whose weights enter the graph as a quantizer's tensor subclass (quanto's; torchao's
-  other than the int8 weights fivefold multiplies).
+  offloaded; for experts whose weights enter the graph as a quantizer's tensor subclass (quanto's; torchao's
+  other than the int8 weights fivefold multiplies); and in a call that creates its own cache (`without_branches`,
+  tracing.py).
 
 Shapes: N tokens, C channels, E experts, R experts per token.
 """
@@ -25,7 +26,7 @@ from torch import nn
 
 from .linear import intercepted, traces_to_plain_tensors
 from .operand_weights import weights_as_operands
-from .tracing import tracing_for_export
+from .tracing import branches_allowed, tracing_for_export
 
 # torch.cond arrived in torch 2.4; shipped remote code may meet an older torch (this file travels in converted folders).
 # Measured with torch 2.13 only.
@@ -43,6 +44,7 @@ def traced_experts(
         and x.is_cpu
         and not torch.is_grad_enabled()
         and not tracing_for_export()
+        and branches_allowed()
         and _plain(x, experts)
     )
     return weighted_experts(x, weights, chosen, experts, skip_unchosen=skip)

@@ -16,31 +16,19 @@ product is written so that inductor makes something faster of it:
 Shapes: N tokens, C channels (the input features), O head outputs (the output features).
 """
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 
-# Set around `torch.cond` in traced code and read while dynamo traces the branch, which sees the value set (dynamo
-# writes the list's final value back after the graph runs: False again). A list, so that the importers of
-# `operand_weights` read the current value rather than the one they imported.
-_OPERANDS = [False]
+from .tracing import TraceSwitch
 
-
-@contextlib.contextmanager
-def weights_as_operands() -> Iterator[None]:
-    """Inside, traced int8 products take their weights as operands (a `torch.cond` branch's)."""
-    before = _OPERANDS[0]
-    _OPERANDS[0] = True
-    try:
-        yield
-    finally:
-        _OPERANDS[0] = before
+# Set around `torch.cond` in traced code and read while dynamo traces the branch.
+_OPERANDS = TraceSwitch()
+# Inside, traced int8 products take their weights as operands (a `torch.cond` branch's).
+weights_as_operands = _OPERANDS.on
 
 
 def operand_weights() -> bool:
     """Whether the traced code being run takes its weights as operands (inside `weights_as_operands()`)."""
-    return _OPERANDS[0]
+    return _OPERANDS.is_on()
 
 
 _GEMM_ROWS = 8

@@ -15,10 +15,15 @@ documented behaviour under tracing:
 
 What a graph holds may also depend on who traces it: torch.compile runs its graph itself, so it may take control
 flow inside the graph (`torch.cond`, expert_paths.py), where exporters get plain tensor ops (`tracing_for_export`).
+And on what the traced call creates: once dynamo has traced a `torch.cond`, it forgets attribute stores on objects
+created earlier in the same trace (torch 2.13: the next read raises AttributeError and the whole call falls back to
+eager, or fails under `fullgraph=True`), so a call that creates an object it fills as it goes (a decoder's cache,
+made in the forward when none is given) runs `without_branches()`.
 """
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ParamSpec
 
 import torch
@@ -39,6 +44,37 @@ def tracing_for_export() -> bool:
     """Whether the graph being traced is for an exporter (torch.export, torch.onnx.export, torch.jit.trace) rather
     than for torch.compile to run: such graphs keep to plain tensor ops."""
     return _is_exporting() or torch.jit.is_tracing()
+
+
+class TraceSwitch:
+    """A switch set around traced code and read while dynamo traces the code inside: dynamo sees the value set (and
+    writes the final value, off again, back after the graph runs). The value sits in a list held by the switch, so
+    that every importer reads the current one."""
+
+    def __init__(self) -> None:
+        self._on = [False]
+
+    @contextlib.contextmanager
+    def on(self) -> Iterator[None]:
+        before = self._on[0]
+        self._on[0] = True
+        try:
+            yield
+        finally:
+            self._on[0] = before
+
+    def is_on(self) -> bool:
+        return self._on[0]
+
+
+# Set around a traced call that must not branch (see above).
+_NO_BRANCHES = TraceSwitch()
+without_branches = _NO_BRANCHES.on
+
+
+def branches_allowed() -> bool:
+    """Whether the call being traced may put `torch.cond` in its graph (outside `without_branches()`)."""
+    return not _NO_BRANCHES.is_on()
 
 
 def eager_only(check: Callable[P, None]) -> Callable[P, None]:

@@ -231,3 +231,41 @@ def test_training_step_without_a_mask_compiles_to_one_graph(converted, arch):
         assert (got - want).abs() <= TOL
         assert len(got_grads) == len(want_grads) > 0
         assert max((g - w).abs().max() for g, w in zip(got_grads, want_grads, strict=True)) <= TOL
+
+
+@pytest.mark.slow  # dynamo and AOTAutograd: seconds a model
+@pytest.mark.parametrize("arch", DECODERS)
+def test_a_forward_that_makes_its_cache_compiles_to_one_graph(converted, arch):
+    """`use_cache` on and no cache given, as `model(**batch)` runs by default: the forward makes a `DynamicCache`
+    inside the graph and fills it layer by layer. One graph, logits equal to eager's, and the cache it returns
+    continues decoding as eager's does. A mixture's experts then run without `torch.cond` (dynamo loses attribute
+    stores on objects made in the trace once it has traced one, tracing.py); given a cache, they keep it."""
+    model, _ = load(converted, arch, "AutoModelForCausalLM")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    step = torch.randint(5, model.config.vocab_size, (2, 1), generator=gen)
+    graphs = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def conds() -> int:
+        return sum(n.target is torch.ops.higher_order.cond for g in graphs for n in g.graph.nodes)
+
+    compiled = torch.compile(model, fullgraph=True, backend=recording)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        got = compiled(input_ids=ids, attention_mask=mask, use_cache=True)
+        assert (got.logits - want.logits).abs().max() <= TOL
+        assert conds() == 0
+        longer = torch.cat([mask, torch.ones_like(step)], dim=1)
+        next_want = model(input_ids=step, attention_mask=longer, cache=want.past_key_values).logits
+        next_got = model(input_ids=step, attention_mask=longer, cache=got.past_key_values).logits
+        assert (next_got - next_want).abs().max() <= TOL
+        given = StaticCache(config=model.config, max_cache_len=8)
+        compiled(input_ids=ids, attention_mask=torch.ones_like(ids), cache=given, use_cache=True)
+    if any(".experts." in name for name, _ in model.named_parameters()):
+        assert conds() > 0
