@@ -39,6 +39,12 @@ def activation(name: str) -> nn.Module:
     return ACT2FN[name]
 
 
+def inner_dropout(p: float) -> nn.Module:
+    """Dropout on the inner activations, or nothing where the spec has none: a module with no number to read, which
+    a `torch.cond` branch compiled with dynamic shapes would take as a symbolic operand and could not check."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class DenseFeedForward(nn.Module):
     """up -> activation -> down (BERT, RoBERTa, GPT-2, ViT, T5 v1.0)."""
 
@@ -46,7 +52,7 @@ class DenseFeedForward(nn.Module):
         super().__init__()
         self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = inner_dropout(spec.dropout)
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
@@ -61,7 +67,7 @@ class GatedFeedForward(nn.Module):
         self.gate_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = inner_dropout(spec.dropout)
         self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
