@@ -22,7 +22,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelO
 from transformers.utils.output_capturing import _active_collector, capture_outputs
 
 from .kernels import bidirectional_masks, check_attention_mask, unpadding_allowed, unpads
-from .padding import PackedSequences, is_packed_row
+from .padding import PackedSequences, is_packed_row, traced_documents
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
 from .tracing import tracing
@@ -59,9 +59,10 @@ class EncoderStack(EncoderPreTrainedModel, Stack):
         attention_mask: torch.Tensor | None,  # [B, T]
         position_ids: torch.Tensor | None,  # [B, T] or [1, N]
         packed: PackedSequences | None,
+        documents: torch.Tensor | None = None,  # [N], a traced row's documents (padding.traced_documents)
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, T, C], pooled [B, C] or None
-        masks = bidirectional_masks(self.config, hidden, attention_mask, self.windows, packed)
+        masks = bidirectional_masks(self.config, hidden, attention_mask, self.windows, packed, documents)
         hidden = self.dropout(self.norm(self.run_blocks(hidden, masks, position_ids, **kwargs)))
         if packed is not None:
             hidden = packed.pad(hidden)
@@ -90,9 +91,13 @@ class EncoderModel(EncoderStack):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         check_attention_mask(attention_mask, batch, length)
-        # Documents packed in one row ([1, N], positions restarting per document) run as they come.
+        # Documents packed in one row ([1, N], positions restarting per document) run as they come; a traced graph,
+        # which cannot branch on the ids, keeps each document to itself in the mask instead.
+        documents = traced_documents(position_ids, attention_mask) if tracing() else None
         packed = (
-            PackedSequences.from_position_ids(position_ids) if is_packed_row(position_ids, attention_mask) else None
+            PackedSequences.from_position_ids(position_ids)
+            if not tracing() and is_packed_row(position_ids, attention_mask)
+            else None
         )
         if position_ids is None:
             position_ids = self.embeddings.position_ids(input_ids, batch, length, device)  # [B, T]
@@ -102,7 +107,7 @@ class EncoderModel(EncoderStack):
                 packed.unpad(x) for x in (input_ids, token_type_ids, position_ids, inputs_embeds)
             )
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C] or [1, N, C]
-        hidden, pooled = self.encode(hidden, attention_mask, position_ids, packed, **kwargs)
+        hidden, pooled = self.encode(hidden, attention_mask, position_ids, packed, documents, **kwargs)
         return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=hidden, pooler_output=pooled)
 
 

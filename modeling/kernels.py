@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import (
+    and_masks,
     create_bidirectional_mask,
     create_causal_mask,
     create_sliding_window_causal_mask,
@@ -37,7 +38,7 @@ from transformers.utils.generic import is_flash_attention_requested
 
 from .batching import is_paged, paged_masks
 from .grouped_sdpa import grouped_sdpa_attention
-from .padding import PackedSequences
+from .padding import PackedSequences, same_document
 from .tracing import tracing
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
@@ -233,14 +234,19 @@ def per_block(windows: tuple[int | None, ...], build: Callable[[int | None], obj
     return [masks[window] for window in windows]
 
 
-def bidirectional_masks(config, hidden: torch.Tensor, attention_mask, windows, packed: PackedSequences | None) -> list:
+def bidirectional_masks(
+    config, hidden: torch.Tensor, attention_mask, windows, packed: PackedSequences | None, documents=None
+) -> list:
     """An encoder's mask for each block: a PackedSequences (with the block's window) when unpadded, else
-    transformers' bidirectional mask with a sliding-window overlay where the block has a window."""
+    transformers' bidirectional mask with a sliding-window overlay where the block has a window, and within each
+    document where a traced row gives `documents` (padding.traced_documents)."""
 
     def build(window: int | None) -> object:
         if packed is not None:
             return packed.with_window(window)
         overlay = None if window is None else sliding_window_bidirectional_overlay(window)
+        if documents is not None:
+            overlay = same_document(documents) if overlay is None else and_masks(overlay, same_document(documents))
         return create_bidirectional_mask(
             config=config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
         )

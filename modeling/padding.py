@@ -8,6 +8,7 @@ Shapes: B batch, T time (padded), N tokens (the real ones, packed), C channels, 
 K key/value heads, D head dim.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
@@ -32,6 +33,23 @@ def is_packed_row(position_ids: torch.Tensor | None, attention_mask: torch.Tenso
     if position_ids.shape[1] < 2:
         return False
     return bool(document_starts(position_ids[0])[1:].any())
+
+
+def traced_documents(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[N] each token's document (0, 1, ...) in a [1, N] row without a mask, for a traced graph, which cannot branch
+    on whether the row is packed as `is_packed_row` does: a row of one document is all zeros. None otherwise."""
+    if position_ids is None or attention_mask is not None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return None
+    return document_starts(position_ids[0]).cumsum(0) - 1
+
+
+def same_document(documents: torch.Tensor) -> Callable[[int, int, int, int], torch.Tensor]:
+    """A transformers mask function (batch, head, query, key) -> allowed: a token sees its own document only."""
+
+    def allowed(batch_idx, head_idx, q_idx, kv_idx):
+        return documents[q_idx] == documents[kv_idx]
+
+    return allowed
 
 
 @dataclass(frozen=True, eq=False)

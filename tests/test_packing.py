@@ -77,6 +77,29 @@ def test_packed_encoder_equals_each_document_alone(converted, model_type, stock_
     assert packed.hidden_states[-1].shape == (1, sum(LENGTHS), model.config.hidden_size)
 
 
+@pytest.mark.slow  # dynamo and AOTAutograd: seconds a model
+@pytest.mark.parametrize("model_type,stock_class", ENCODERS, ids=[e[0] for e in ENCODERS])
+def test_packed_encoder_compiles_to_one_graph_equal_to_eager(converted, model_type, stock_class):
+    """Compiled (one graph), a packed row keeps each document to itself in the mask, where eager runs each on its
+    own tokens: the same logits. So does a row of one document with its position ids given."""
+    _, dst = converted(model_type, stock_class)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(dst, attn_implementation="sdpa").eval()
+    flatten = DataCollatorWithFlattening(position_ids_start=position_start(model.config))
+    batch = flatten([{"input_ids": d} for d in documents(model.config.vocab_size)])
+    one = {
+        "input_ids": batch["input_ids"],
+        "position_ids": torch.arange(sum(LENGTHS))[None] + position_start(model.config),
+    }
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            for inputs in (batch, one):
+                assert (compiled(**inputs).logits - model(**inputs).logits).abs().max() < 1e-4
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("model_type,stock_class", DECODERS, ids=[d[0] for d in DECODERS])
 def test_packed_decoder_equals_each_document_alone(converted, model_type, stock_class):
     src, dst = converted(model_type, stock_class)
