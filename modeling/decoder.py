@@ -34,7 +34,7 @@ from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
 from .tasks import TaskModel
-from .tracing import without_branches
+from .tracing import clears_stale_capture, without_branches
 
 logger = logging.get_logger(__name__)
 
@@ -59,6 +59,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         self.post_init()
 
     @accepts_past_key_values
+    @clears_stale_capture
     @capture_outputs
     def forward(
         self,

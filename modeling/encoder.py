@@ -25,7 +25,7 @@ from .kernels import bidirectional_masks, check_attention_mask, unpadding_allowe
 from .padding import PackedSequences, is_packed_row, traced_documents
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Recipe, Stack
-from .tracing import tracing
+from .tracing import clears_stale_capture, tracing
 
 
 def map_captured_hidden_states(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -77,6 +77,7 @@ class EncoderStack(EncoderPreTrainedModel, Stack):
 class EncoderModel(EncoderStack):
     """Text: input_ids (or embeddings) -> token embeddings -> the stack."""
 
+    @clears_stale_capture
     @capture_outputs
     def forward(
         self,
@@ -118,6 +119,7 @@ class ImageEncoderModel(EncoderStack):
         return self.embeddings.patch_proj
 
     # hidden_states[-1] is the last block's output before the final norm, as in stock ViT.
+    @clears_stale_capture
     @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,

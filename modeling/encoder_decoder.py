@@ -38,6 +38,7 @@ from .losses import check_labels, cross_entropy, tokens_shape
 from .pretrained import FivefoldPreTrainedModel
 from .stack import Stack, StackSpec
 from .tasks import TaskModel
+from .tracing import clears_stale_capture
 
 accepts_past_key_values = deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
 
@@ -84,6 +85,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         self.causal = spec.blocks[0].attention.is_causal  # the decoder: causal, cached, cross-attends the encoder
         self.post_init()
 
+    @clears_stale_capture
     @capture_outputs
     def forward(
         self,

@@ -77,6 +77,24 @@ def branches_allowed() -> bool:
     return not _NO_BRANCHES.is_on()
 
 
+def clears_stale_capture(forward: Callable[P, object]) -> Callable[P, object]:
+    """For a forward decorated with transformers' `capture_outputs` (put above it). Under dynamo, transformers'
+    output collector is a global that the forward sets and resets; torch 2.13's dynamo drops attribute stores made
+    after a `torch.cond` (a mixture's compiled experts), so a compiled call leaves the collector set, and every later
+    eager call would collect its hidden states, attentions and router logits into that stale one and return none.
+    An eager call resets it first."""
+    from transformers.utils import output_capturing
+
+    @functools.wraps(forward)
+    def run(*args: P.args, **kwargs: P.kwargs) -> object:
+        collector = output_capturing._active_collector
+        if not torch.compiler.is_compiling() and getattr(collector, "compiling", False):
+            collector.reset(None)
+        return forward(*args, **kwargs)
+
+    return run
+
+
 def eager_only(check: Callable[P, None]) -> Callable[P, None]:
     """A check that reads tensor values: run in eager, skipped while tracing (never silently dropped in eager)."""
 

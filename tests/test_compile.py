@@ -281,3 +281,20 @@ def test_a_forward_that_makes_its_cache_compiles_to_one_graph(converted, arch):
         compiled(input_ids=ids, attention_mask=torch.ones_like(ids), cache=given, use_cache=True)
     if any(".experts." in name for name, _ in model.named_parameters()):
         assert conds() > 0
+
+
+@pytest.mark.slow  # dynamo: a few seconds
+def test_an_eager_call_after_a_compiled_mixture_returns_its_hidden_states(converted):
+    """A compiled mixture's experts sit behind `torch.cond`, after which torch 2.13's dynamo drops attribute stores:
+    transformers' output collector, reset at the end of the forward, stayed set after the compiled call, and later
+    eager calls returned no hidden states (of any model in the process). Each eager forward now resets it first."""
+    (arch,) = [a.values[0] for a in DECODERS if a.id == "mixtral"]
+    model, _ = load(converted, arch, "AutoModelForCausalLM")
+    ids = torch.randint(5, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        assert len(model(ids, output_hidden_states=True, use_cache=False).hidden_states) == layers + 1
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        compiled(input_ids=ids, cache=StaticCache(config=model.config, max_cache_len=8), use_cache=True)
+        out = model(ids, output_hidden_states=True, output_router_logits=True, use_cache=False)
+    assert len(out.hidden_states) == layers + 1 and len(out.router_logits) == layers
