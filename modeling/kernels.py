@@ -235,7 +235,12 @@ def per_block(windows: tuple[int | None, ...], build: Callable[[int | None], obj
 
 
 def bidirectional_masks(
-    config, hidden: torch.Tensor, attention_mask, windows, packed: PackedSequences | None, documents=None
+    config,
+    hidden: torch.Tensor,
+    attention_mask,
+    windows,
+    packed: PackedSequences | None,
+    documents: torch.Tensor | None = None,
 ) -> list:
     """An encoder's mask for each block: a PackedSequences (with the block's window) when unpadded, else
     transformers' bidirectional mask with a sliding-window overlay where the block has a window, and within each

@@ -15,10 +15,11 @@ documented behaviour under tracing:
 
 What a graph holds may also depend on who traces it: torch.compile runs its graph itself, so it may take control
 flow inside the graph (`torch.cond`, expert_paths.py), where exporters get plain tensor ops (`tracing_for_export`).
-And on what the traced call creates: once dynamo has traced a `torch.cond`, it forgets attribute stores on objects
-created earlier in the same trace (torch 2.13: the next read raises AttributeError and the whole call falls back to
-eager, or fails under `fullgraph=True`), so a call that creates an object it fills as it goes (a decoder's cache,
-made in the forward when none is given) runs `without_branches()`.
+And on what the traced call stores: once dynamo has traced a `torch.cond`, it drops some attribute stores made after
+it (torch 2.13). On an object the trace created, the next read raises AttributeError and the whole call falls back
+to eager, or fails under `fullgraph=True`: a call that creates an object it fills as it goes (a decoder's cache,
+made in the forward when none is given) runs `without_branches()`. On a global, the store is not replayed after
+the graph runs: transformers' output collector stays set, which `clears_stale_capture` undoes.
 """
 
 import contextlib
