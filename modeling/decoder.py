@@ -99,7 +99,7 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
             device = (input_ids if input_ids is not None else inputs_embeds).device
             position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
-        cached = None if packed else cache
+        cached = None if packed or made_here else cache  # a cache made here holds nothing yet: none to the masks
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)
         # A compiled call that fills a cache it made must not branch (tracing.py).
         branching = without_branches() if made_here and torch.compiler.is_compiling() else contextlib.nullcontext()

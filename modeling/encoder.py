@@ -94,10 +94,12 @@ class EncoderModel(EncoderStack):
         check_attention_mask(attention_mask, batch, length)
         # Documents packed in one row ([1, N], positions restarting per document) run as they come; a traced graph,
         # which cannot branch on the ids, keeps each document to itself in the mask instead.
-        documents = traced_documents(position_ids, attention_mask) if tracing() else None
+        # (torch.jit.trace, whose mask building cannot take a mask function, keeps the eager test.)
+        compiling = torch.compiler.is_compiling()
+        documents = traced_documents(position_ids, attention_mask) if compiling else None
         packed = (
             PackedSequences.from_position_ids(position_ids)
-            if not tracing() and is_packed_row(position_ids, attention_mask)
+            if not compiling and is_packed_row(position_ids, attention_mask)
             else None
         )
         if position_ids is None:

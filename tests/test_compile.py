@@ -221,8 +221,7 @@ def test_training_step_without_a_mask_compiles_to_one_graph(converted, arch):
     mask, no cache; a batch of rows, then documents packed in one row (position ids restarting). One graph each,
     loss and gradients equal to eager (which packs the documents; the graph leaves that to the mask functions)."""
     model, _ = load(converted, arch, "AutoModelForCausalLM")
-    model.train()
-    model.config.use_cache = False
+    model.train()  # `use_cache` as the config has it (on): the forward makes a cache, which must not undo packing
     gen = torch.Generator().manual_seed(0)
     rows = torch.randint(5, model.config.vocab_size, (2, 7), generator=gen)
     packed = torch.randint(5, model.config.vocab_size, (1, 9), generator=gen)
@@ -287,7 +286,8 @@ def test_a_forward_that_makes_its_cache_compiles_to_one_graph(converted, arch):
 def test_an_eager_call_after_a_compiled_mixture_returns_its_hidden_states(converted):
     """A compiled mixture's experts sit behind `torch.cond`, after which torch 2.13's dynamo drops attribute stores:
     transformers' output collector, reset at the end of the forward, stayed set after the compiled call, and later
-    eager calls returned no hidden states (of any model in the process). Each eager forward now resets it first."""
+    eager calls returned no hidden states. Each eager fivefold forward now resets it first (a stock model called
+    next, before any fivefold one, still meets it set)."""
     (arch,) = [a.values[0] for a in DECODERS if a.id == "mixtral"]
     model, _ = load(converted, arch, "AutoModelForCausalLM")
     ids = torch.randint(5, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
