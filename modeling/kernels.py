@@ -20,6 +20,7 @@ Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/v
 N tokens (packed).
 """
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -27,11 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import (
-    and_masks,
     create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
     create_causal_mask,
     create_sliding_window_causal_mask,
-    sliding_window_bidirectional_overlay,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import is_flash_attention_requested
@@ -143,7 +143,7 @@ def packed_attention(
             max_length_k=packed.max_seqlen,
             **kwargs,
         )
-    grouped = query.shape[1] != key.shape[1]
+    grouped = module.num_key_value_groups > 1  # not from the shapes: tensors under torch.jit.trace
     outs = [
         F.scaled_dot_product_attention(
             query[:, :, queries],
@@ -172,7 +172,7 @@ def sink_sdpa_attention(module, query, key, value, attention_mask, scaling, drop
     bias = attention_mask.to(query.dtype).expand(-1, h, t, s)
     mask = torch.cat([bias, s_aux.to(query.dtype).view(1, h, 1, 1).expand(bias.shape[0], h, t, 1)], dim=-1)
     k, v = F.pad(key, (0, 0, 0, 1)), F.pad(value, (0, 0, 0, 1))  # [B, K, S + 1, D]
-    grouped = h != key.shape[1]
+    grouped = module.num_key_value_groups > 1  # not from the shapes: tensors under torch.jit.trace
     out = F.scaled_dot_product_attention(query, k, v, mask, dropout, scale=scaling, enable_gqa=grouped)
     return out.transpose(1, 2).contiguous(), None
 
@@ -243,17 +243,22 @@ def bidirectional_masks(
     documents: torch.Tensor | None = None,
 ) -> list:
     """An encoder's mask for each block: a PackedSequences (with the block's window) when unpadded, else
-    transformers' bidirectional mask with a sliding-window overlay where the block has a window, and within each
-    document where a traced row gives `documents` (padding.traced_documents)."""
+    transformers' bidirectional mask (its sliding-window one where the block has a window), within each document
+    where a traced row gives `documents` (padding.traced_documents)."""
 
     def build(window: int | None) -> object:
         if packed is not None:
             return packed.with_window(window)
-        overlay = None if window is None else sliding_window_bidirectional_overlay(window)
-        if documents is not None:
-            overlay = same_document(documents) if overlay is None else and_masks(overlay, same_document(documents))
-        return create_bidirectional_mask(
-            config=config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
+        overlay = None if documents is None else same_document(documents)
+        if window is None:
+            return create_bidirectional_mask(
+                config=config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
+            )
+        # transformers' window mask (its window read from the config) needs no vmap, which torch.jit.trace cannot run
+        windowed = copy.copy(config)
+        windowed.sliding_window = window
+        return create_bidirectional_sliding_window_mask(
+            config=windowed, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
         )
 
     return per_block(windows, build)
@@ -310,8 +315,7 @@ def additive_mask(bias: torch.Tensor | None, allowed: torch.Tensor | None, dtype
     """bias (or 0) where allowed, the dtype's minimum elsewhere: the float mask eager and sdpa add to scores."""
     if allowed is None:
         return bias
-    if bias is None:
-        bias = torch.zeros((), dtype=dtype, device=allowed.device)
+    bias = bias if bias is not None else torch.zeros((), dtype=dtype, device=allowed.device)
     return torch.where(allowed, bias, torch.finfo(dtype).min)
 
 

@@ -77,6 +77,20 @@ def test_packed_encoder_equals_each_document_alone(converted, model_type, stock_
     assert packed.hidden_states[-1].shape == (1, sum(LENGTHS), model.config.hidden_size)
 
 
+@pytest.mark.parametrize("model_type,stock_class", ENCODERS, ids=[e[0] for e in ENCODERS])
+def test_packed_encoder_traces_with_torch_jit(converted, model_type, stock_class):
+    """torch.jit.trace of a packed row records eager's path, each document on its own tokens, with the documents'
+    bounds as constants (a trace keeps the sizes it saw): the same logits as eager. (It failed on the kernel's
+    grouped-heads flag, which the trace's tensor shapes made a tensor.)"""
+    _, dst = converted(model_type, stock_class)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(dst, attn_implementation="sdpa").eval()
+    flatten = DataCollatorWithFlattening(position_ids_start=position_start(model.config))
+    batch = flatten([{"input_ids": d} for d in documents(model.config.vocab_size)])
+    with torch.no_grad():
+        traced = torch.jit.trace(model, example_kwarg_inputs=dict(batch), strict=False)
+        assert (traced(**batch)["logits"] - model(**batch).logits).abs().max() < 1e-4
+
+
 @pytest.mark.slow  # dynamo and AOTAutograd: seconds a model
 @pytest.mark.parametrize("model_type,stock_class", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_packed_encoder_compiles_to_one_graph_equal_to_eager(converted, model_type, stock_class):
