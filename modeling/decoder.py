@@ -97,7 +97,8 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         if position_ids is None:
             past = cache.get_seq_length(self.first_layer) if cache is not None else 0
             device = (input_ids if input_ids is not None else inputs_embeds).device
-            position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)  # [1, T]
+            # T positions, then shifted: an exported step's `past` is read from the cache, a size no tracer can bound
+            position_ids = (torch.arange(length, device=device) + past).unsqueeze(0)  # [1, T]
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C]
         cached = None if packed or made_here else cache  # a cache made here holds nothing yet: none to the masks
         masks = causal_masks(self.config, hidden, attention_mask, cached, position_ids, self.windows, self.first_layer)

@@ -6,9 +6,12 @@ is undefined (stock's too), so only real tokens are compared there."""
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.modeling.decoder import DecoderModel
+
+from helpers import stock_attention
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -78,3 +81,29 @@ def test_exported_program_takes_other_lengths(converted):
         expected = model(**other).last_hidden_state
     got = program.module()(**other).last_hidden_state
     assert (got - expected).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mixtral", "gpt_oss"])
+def test_executorch_export_of_a_decoder_steps_as_stock(converted, model_type):
+    """transformers' ExecuTorch wrapper (a StaticCache, one token a step, `torch.export` with strict tracing) exports
+    the causal LM, and each step's logits equal stock's exported program's on the same weights. (fivefold's default
+    positions, `arange(past, past + T)`, had a size the tracer could not bound when `past` comes from the cache.)"""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    (arch,) = [a for a in ARCHITECTURES if a.stock_model_type == model_type]
+    ours_class = arch.models["AutoModelForCausalLM"]
+    stock_name = stock_class_name(ours_class)
+    src, dst = converted(model_type, stock_name)
+    attn = stock_attention(stock_name, "sdpa")
+    stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation=attn).eval()
+    programs = []
+    for model in (stock, ours_class.from_pretrained(dst).eval()):
+        model.generation_config.cache_implementation = "static"
+        model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": 16}
+        wrapper = TorchExportableModuleForDecoderOnlyLM(model)
+        programs.append(wrapper.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0])).module())
+    tokens = torch.randint(3, stock.config.vocab_size, (6,), generator=torch.Generator().manual_seed(0))
+    for step, token in enumerate(tokens.tolist()):
+        inputs = {"input_ids": torch.tensor([[token]]), "cache_position": torch.tensor([step])}
+        expected, got = (program(**inputs) for program in programs)
+        assert (got - expected).abs().max() <= TOL
