@@ -13,8 +13,9 @@ count a window of w as w - 1 positions on each side, so they get `window + 1`; a
 is read by transformers from `config.sliding_window`, which its sliding caches are sized by too; only sdpa and
 flash run packed sequences (eager returns weights, flex builds block masks); a decoding step of one token sees
 every cached key, so its mask is the padding mask alone. Attention sinks (`s_aux`, gpt-oss) join the softmax in
-eager and in `sink_sdpa_attention` (a zero key whose score is the sink), and go to transformers' flex and flash
-kernels, which read them; any other kernel would drop them, so it is refused.
+eager and in `sink_sdpa_attention` (a zero key whose score is the sink; exporters get eager, as sdpa given a mask
+that needs gradients fails torch.export's dynamic shapes and ONNX), and go to transformers' flex and flash kernels,
+which read them; any other kernel would drop them, so it is refused.
 
 Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/value heads, D head dim,
 N tokens (packed).
@@ -39,7 +40,7 @@ from transformers.utils.generic import is_flash_attention_requested
 from .batching import is_paged, paged_masks
 from .grouped_sdpa import grouped_sdpa_attention
 from .padding import PackedSequences, same_document
-from .tracing import tracing
+from .tracing import tracing, tracing_for_export
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
 UNPADDED_KERNELS = ("sdpa",)
@@ -163,8 +164,7 @@ def packed_attention(
 def sink_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, s_aux=None, **kwargs):
     """sdpa with attention sinks (`s_aux` [H]; the rest as eager_attention's): one more key, all zeros, with a zero
     value and the head's sink as its mask, so the sink takes its share of the softmax and adds nothing."""
-    _, h, t, _ = query.shape
-    s = key.shape[2]
+    (_, h, t, _), s = query.shape, key.shape[2]
     if attention_mask is None and module.is_causal and t > 1:
         attention_mask = causal_bool_mask(t, s, query.device)
     if attention_mask is None or attention_mask.dtype == torch.bool:
@@ -186,7 +186,7 @@ def attention_kernel(config, mask: object, sinks: bool = False) -> Callable:
     if isinstance(mask, PackedSequences):
         raise ValueError("attention sinks are not supported on packed sequences; pass unpad_inputs=False")
     if name in (None, "eager", "sdpa"):
-        return sink_sdpa_attention if name == "sdpa" else eager_attention
+        return sink_sdpa_attention if name == "sdpa" and not tracing_for_export() else eager_attention
     if name == "flex_attention" or is_flash_attention_requested(requested_attention_implementation=name):
         return _selected(name)  # transformers' flex and flash kernels read `s_aux`
     if name == "paged|eager":
