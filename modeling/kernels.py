@@ -250,15 +250,15 @@ def bidirectional_masks(
         if packed is not None:
             return packed.with_window(window)
         overlay = None if documents is None else same_document(documents)
+        masks = dict(inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay)
         if window is None:
-            return create_bidirectional_mask(
-                config=config, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
-            )
-        # transformers' window mask (its window read from the config) needs no vmap, which torch.jit.trace cannot run
+            return create_bidirectional_mask(config=config, **masks)
+        # transformers' window mask (its window read from the config) needs no vmap, which torch.jit.trace cannot run;
+        # traced, it keeps the mask even where it hides nothing (that test would guard a graph on the length)
         windowed = copy.copy(config)
         windowed.sliding_window = window
         return create_bidirectional_sliding_window_mask(
-            config=windowed, inputs_embeds=hidden, attention_mask=attention_mask, and_mask_function=overlay
+            config=windowed, allow_is_bidirectional_skip=not tracing(), **masks
         )
 
     return per_block(windows, build)

@@ -67,7 +67,9 @@ def test_inductor_matches_eager(converted):
     assert (got - expected).abs().max() <= TOL
 
 
-DYNAMIC = ("bert", "mixtral", "qwen2_moe", "gpt_oss")
+DYNAMIC = ("bert", "modernbert", "mixtral", "qwen2_moe", "gpt_oss")
+# ModernBERT with a window of 8 positions on each side, which the lengths below straddle.
+DYNAMIC_OVERRIDES = {"modernbert": {"local_attention": 16}}
 
 
 @pytest.mark.parametrize(
@@ -75,16 +77,20 @@ DYNAMIC = ("bert", "mixtral", "qwen2_moe", "gpt_oss")
 )
 @pytest.mark.slow  # dynamo and inductor: seconds a model
 def test_dynamic_shapes_compile_once(converted, arch):
-    """Lengths 7 to 12 through one graph with symbolic sizes. A mixture's experts sit behind `torch.cond`, whose
-    branches take the experts' numbers as operands: none may be read as a condition there (an unused dropout's
-    probability was, until the experts held no dropout module)."""
-    model, inputs = load(converted, arch)
+    """Lengths 7 to 12 through one graph with symbolic sizes, with a mask and without. A mixture's experts sit behind
+    `torch.cond`, whose branches take the experts' numbers as operands: none may be read as a condition there (an
+    unused dropout's probability was, until the experts held no dropout module). ModernBERT's window mask must not
+    be skipped by length (a guard: lengths under the window compiled a second graph)."""
+    model, inputs = load(converted, arch, **DYNAMIC_OVERRIDES.get(arch.stock_model_type, {}))
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=CHEAP)
     first_output(compiled, inputs)
+    first_output(compiled, {k: v for k, v in inputs.items() if k != "attention_mask"})
     with torch._dynamo.config.patch(error_on_recompile=True):
         for length in (7, 9, 12):
             shorter = {k: v[:2, :length].contiguous() for k, v in inputs.items()}
-            assert (first_output(compiled, shorter) - first_output(model, shorter)).abs().max() <= TOL
+            unmasked = {k: v for k, v in shorter.items() if k != "attention_mask"}
+            for batch in (shorter, unmasked):
+                assert (first_output(compiled, batch) - first_output(model, batch)).abs().max() <= TOL
 
 
 # One row (generate's compiled path for one prompt) for every decoder; a padded batch of two for a set of them.

@@ -1,6 +1,6 @@
 """torch.export and torch.onnx.export(dynamo=True) for every encoder, ViT, GPT-2 and two mixtures (stock's mixtures fail
-ONNX's conversion), and torch.jit.trace for every architecture's forward: the exported program equals eager, in
-torch and in onnxruntime (fp32, within 1e-4), on the ragged sample batch eager unpads. A decoder's batch is
+ONNX's conversion), and torch.jit.trace for every architecture's forward: what each gives equals eager (fp32, within
+1e-4; the ONNX model run in onnxruntime), on the ragged sample batch eager unpads. A decoder's batch is
 left-padded: a padding query sees no key, and what it returns is undefined (stock's too), so only real tokens are
 compared there."""
 
