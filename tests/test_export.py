@@ -70,9 +70,8 @@ def test_jit_trace_equals_eager(converted, arch):
     assert (got - expected).abs()[real_tokens(model, inputs, got.shape)].max() <= TOL
 
 
-@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
 @pytest.mark.parametrize("model_type", ["bert", "mixtral", "gpt_oss"])
-def test_exported_program_takes_other_lengths(converted, model_type, strict):
+def test_exported_program_takes_other_lengths(converted, model_type):
     """One torch.export program with a dynamic batch and length, run on a batch of another shape. (gpt-oss's sinks,
     a mask that needs gradients, sent sdpa where non-strict export could not prove its shapes: exporters get eager's
     attention there.)"""
@@ -81,7 +80,7 @@ def test_exported_program_takes_other_lengths(converted, model_type, strict):
     model.config.use_cache = False
     batch, length = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("length", min=2, max=64)
     shapes = {k: {0: batch, 1: length} for k in inputs}
-    program = torch.export.export(model, (), kwargs=inputs, dynamic_shapes=shapes, strict=strict)
+    program = torch.export.export(model, (), kwargs=inputs, dynamic_shapes=shapes)  # non-strict, torch's default
     other = {k: v[:2, -9:].contiguous() for k, v in inputs.items()}  # the last tokens: a real one in every row
     with torch.no_grad():
         expected = model(**other).last_hidden_state
