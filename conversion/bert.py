@@ -31,13 +31,17 @@ BERT_HEADS = {
     "cls.predictions.transform.LayerNorm": "lm_head.norm",
     "cls.predictions.bias": "lm_head.decoder.bias",
     "cls.predictions.decoder.weight": "lm_head.decoder.weight",
-    "cls.predictions.decoder.bias": "lm_head.decoder.bias",  # the same tensor as cls.predictions.bias
+    "cls.predictions.decoder.bias": "lm_head.decoder.bias",
     "cls.seq_relationship": "nsp_head",
     "classifier": "classifier",
     "qa_outputs": "qa_outputs",
 }
 
-BERT_KEYS = KeyMap(renames(ENCODER_BASE), renames(BERT_HEADS), legacy=legacy_norm_names)
+# The MLM head's bias has two stock names. Stock transformers (4.x) stored one tensor under `cls.predictions.bias`;
+# 5.x stores both, equal while the head is tied and apart once untied, and its model reads `decoder.bias`.
+MLM_BIAS_FALLBACK = ("cls.predictions.bias",)
+
+BERT_KEYS = KeyMap(renames(ENCODER_BASE), renames(BERT_HEADS, MLM_BIAS_FALLBACK), legacy=legacy_norm_names)
 
 # A tiny stock config for the demo and tests (vocab 99, hidden 32, 2 layers, intermediate 37).
 TINY_TEXT_ENCODER = dict(

@@ -87,6 +87,9 @@ class Rule:
     transform: str = "identity"
     # Read only: a second stock layout of tensors another rule already writes back (stock's fused experts).
     import_only: bool = False
+    # Read only where the checkpoint lacks the other stock name of the same tensor, which stock's model reads
+    # when both are there (BERT's `cls.predictions.bias` beside `cls.predictions.decoder.bias`); else dropped.
+    fallback: bool = False
 
     def inverse(self) -> "Rule":
         if self.target is None:
@@ -94,9 +97,11 @@ class Rule:
         return Rule(self.target, self.source, TRANSFORMS[self.transform].inverse_name)
 
 
-def renames(mapping: Mapping[str, str | None]) -> list[Rule]:
-    """{stock pattern: our pattern or None} as one-to-one rules."""
-    return [Rule((src,), None if dst is None else (dst,)) for src, dst in mapping.items()]
+def renames(mapping: Mapping[str, str | None], fallbacks: Iterable[str] = ()) -> list[Rule]:
+    """{stock pattern: our pattern or None} as one-to-one rules; the stock patterns in `fallbacks` are read only
+    where no other rule writes their target (`Rule.fallback`)."""
+    fallbacks = set(fallbacks)
+    return [Rule((src,), None if dst is None else (dst,), fallback=src in fallbacks) for src, dst in mapping.items()]
 
 
 def _pattern_regex(pattern: str) -> re.Pattern:
@@ -197,7 +202,7 @@ class KeyMap:
             raise ConversionError(
                 f"{len(unknown)} tensor(s) in the checkpoint match no conversion rule: {', '.join(sorted(unknown)[:8])}"
             )
-        produced: dict[tuple[str, ...], Step] = {}
+        produced: dict[tuple[str, ...], tuple[Rule, Step]] = {}
         for (rule, is_base, indices, suffix), members in groups.items():
             if len(members) != len(rule.source):
                 absent = [_fill(p, indices) + suffix for i, p in enumerate(rule.source) if i not in members]
@@ -205,10 +210,18 @@ class KeyMap:
             prefix = dst_prefix if is_base else ""
             targets = tuple(_join(prefix, _fill(p, indices) + suffix) for p in rule.target)
             sources = tuple(members[i] for i in range(len(rule.source)))
+            step = Step(sources, targets, rule.transform)
             if targets in produced:
-                plan.aliases.extend(zip(sources, produced[targets].sources, strict=True))
-                continue
-            produced[targets] = step = Step(sources, targets, rule.transform)
+                first_rule, first = produced[targets]
+                if not (rule.fallback or first_rule.fallback):
+                    plan.aliases.extend(zip(sources, first.sources, strict=True))
+                    continue
+                if rule.fallback:  # the other stock name is there, and stock's model reads that one
+                    plan.dropped.extend(sources)
+                    continue
+                plan.dropped.extend(first.sources)
+                plan.steps.remove(first)
+            produced[targets] = (rule, step)
             plan.steps.append(step)
         clash = _first_duplicate(t for step in plan.steps for t in step.targets)
         if clash is not None:

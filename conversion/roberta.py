@@ -13,12 +13,13 @@ ROBERTA_HEADS = {
     "lm_head.layer_norm": "lm_head.norm",
     "lm_head.bias": "lm_head.decoder.bias",
     "lm_head.decoder.weight": "lm_head.decoder.weight",
-    "lm_head.decoder.bias": "lm_head.decoder.bias",  # the same tensor as lm_head.bias
+    "lm_head.decoder.bias": "lm_head.decoder.bias",
     "classifier": "classifier",  # classifier.dense / classifier.out_proj, or a single linear layer
     "qa_outputs": "qa_outputs",
 }
 
-ROBERTA_KEYS = KeyMap(renames(ENCODER_BASE), renames(ROBERTA_HEADS), legacy=legacy_norm_names)
+# Its MLM bias has two stock names, as BERT's (`MLM_BIAS_FALLBACK`): stock's model reads `lm_head.decoder.bias`.
+ROBERTA_KEYS = KeyMap(renames(ENCODER_BASE), renames(ROBERTA_HEADS, ("lm_head.bias",)), legacy=legacy_norm_names)
 
 # FacebookAI/roberta-base's config.json: the fields that set its shapes.
 ROBERTA_BASE = dict(

@@ -36,10 +36,17 @@ ARCHITECTURES: tuple[Architecture, ...] = tuple(load(f"fivefold.conversion.{name
 
 
 def register(arch: Architecture) -> None:
-    """Makes transformers' Auto classes resolve the architecture's model type to its config and classes."""
+    """Makes transformers' Auto classes resolve the architecture's model type to its config and classes, and
+    names the classes in the tables of class names behind them (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, ...), which
+    transformers also reads by name: the Trainer shifts labels for label smoothing only for a class named in the
+    causal-LM table, and `transformers serve` generates only with those."""
     transformers.AutoConfig.register(arch.model_type, arch.config_class, exist_ok=True)
     for auto_name, model_class in arch.auto_classes.items():
-        getattr(transformers, auto_name).register(arch.config_class, model_class, exist_ok=True)
+        auto = getattr(transformers, auto_name)
+        auto.register(arch.config_class, model_class, exist_ok=True)
+        names = getattr(auto._model_mapping, "_model_mapping", None)
+        if isinstance(names, dict):
+            names.setdefault(arch.model_type, model_class.__name__)
 
 
 def architecture_for_config(config_class: type) -> Architecture:

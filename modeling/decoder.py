@@ -164,10 +164,12 @@ class DecoderForCausalLM(DecoderTaskModel, ContinuousBatching, GenerationMixin):
         labels: torch.Tensor | None = None,  # [B, T], unshifted; -100 = not predicted
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,  # 0: logits for every step; n: only the last n
+        token_type_ids: torch.Tensor | None = None,  # [B, T]; named, so that Trainer keeps a dataset's column
         **kwargs,
     ) -> CausalLMOutputWithPast:
         num_items = kwargs.pop("num_items_in_batch", None)
         check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
+        kwargs["token_type_ids"] = token_type_ids
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         logits = self.run_head("causal_lm", slice_logits_to_keep(out.last_hidden_state, logits_to_keep))  # [B, T', V]
         loss = None
@@ -219,11 +221,13 @@ class DecoderForSequenceClassification(DecoderTaskModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # [B] (class ids), [B] or [B, L] floats (regression, multi-label)
         use_cache: bool | None = None,
+        token_type_ids: torch.Tensor | None = None,  # [B, T]; named, so that Trainer keeps a dataset's column
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         num_items = kwargs.pop("num_items_in_batch", None)
         shapes = batch_labels_shapes(input_ids, inputs_embeds, 1, self.config.num_labels)
         check_labels("labels", labels, *shapes, integer=False)  # regression and multi-label targets are scores
+        kwargs["token_type_ids"] = token_type_ids
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         batch = out.last_hidden_state.shape[0]
         real = real_tokens(input_ids, self.config.pad_token_id, batch, type(self).__name__)
@@ -253,10 +257,12 @@ class DecoderForTokenClassification(DecoderTaskModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # [B, T], -100 = ignored
         use_cache: bool | None = None,
+        token_type_ids: torch.Tensor | None = None,  # [B, T]; named, so that Trainer keeps a dataset's column
         **kwargs,
     ) -> TokenClassifierOutput:
         num_items = kwargs.pop("num_items_in_batch", None)
         check_labels("labels", labels, tokens_shape(input_ids, inputs_embeds))
+        kwargs["token_type_ids"] = token_type_ids
         out = self.decode(input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, kwargs)
         logits = self.run_head("token_classification", out.last_hidden_state)  # [B, T, L]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None

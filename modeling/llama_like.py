@@ -6,6 +6,7 @@ An architecture's recipe is this builder with the parts it changes: attention fi
 norms) and, for a mixture of experts, the feed-forward of each layer.
 """
 
+import dataclasses
 from collections.abc import Callable
 
 from .attention import AttentionSpec
@@ -27,12 +28,21 @@ def decoder_heads(config) -> dict[str, HeadSpec]:
     }
 
 
+def declared(config, name: str, default=None):
+    """`config.<name>` where the config's class declares that field, else `default`. A config.json may carry
+    fields of another architecture (a Llama converted from a Mistral keeps its `sliding_window`): transformers
+    keeps them as attributes, and stock's model never reads a field its config class does not declare."""
+    if dataclasses.is_dataclass(config) and name not in {f.name for f in dataclasses.fields(config)}:
+        return default
+    return getattr(config, name, default)
+
+
 def layer_window(config, layer_idx: int) -> int | None:
     """The sliding window of one layer, as the attention's `window` counts it (keys before the query), or None.
     `sliding_window` counts the query itself. Layers are sliding where `layer_types` says so; without
     `layer_types`, every layer is sliding when the config has a `sliding_window` (Mistral, Mixtral)."""
-    sliding_window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
+    sliding_window = declared(config, "sliding_window")
+    layer_types = declared(config, "layer_types")
     if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
         return None
     if sliding_window is None:
@@ -48,14 +58,14 @@ def gated_feedforward(config, layer_idx: int) -> FeedForwardSpec:
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         activation=config.hidden_act,
-        bias=getattr(config, "mlp_bias", False),
+        bias=declared(config, "mlp_bias", False),
     )
 
 
 def decoder_attention(config, layer_idx: int, **fields) -> AttentionSpec:
     """The attention of one layer from the stock config's fields; `fields` override them (`bias`, `qk_norm`, ...)."""
     rope = config.rope_parameters
-    bias = getattr(config, "attention_bias", False)
+    bias = declared(config, "attention_bias", False)
     spec = dict(
         hidden_size=config.hidden_size,
         num_heads=config.num_attention_heads,

@@ -1,7 +1,7 @@
 """BERT and RoBERTa, which share the encoder layout, against stock on the same weights: output fields and
 attention weights, RoBERTa's positions after left padding, inputs_embeds, the task losses, dropout placement in
 training; the files of the original uploads (legacy names, no prefix, stored buffers; also at the public size on
-the meta device) and an untied decoder."""
+the meta device), an untied decoder and an untied MLM bias."""
 
 import json
 
@@ -14,7 +14,7 @@ import fivefold
 from fivefold.architectures import architecture_for_model_type
 from fivefold.conversion.inputs import text_inputs
 from fivefold.conversion.keymap import legacy_norm_names
-from fivefold.conversion.verify import verify
+from fivefold.conversion.verify import compare, verify
 
 from helpers import plan_on_meta, public_stock_model, read_tensors, shapes_on_disk, stock_parameters
 
@@ -157,7 +157,8 @@ def test_public_size_old_files_convert_completely(model_type, hub_id, stock_clas
     meta = plan_on_meta(arch, stock, shapes)
 
     assert meta.accounted == set(shapes)
-    assert meta.plan.dropped == [f"{prefix}embeddings.position_ids"]
+    unread_bias = {"cls.predictions.bias", "lm_head.bias"} & set(shapes)  # stock reads the decoder's own
+    assert sorted(meta.plan.dropped) == sorted([f"{prefix}embeddings.position_ids", *unread_bias])
     assert set(meta.expected) - set(meta.tied) <= set(meta.produced)
     extras = set(meta.produced) - set(meta.expected)  # kept for the round trip: only other heads' tensors
     assert all(k.startswith(("model.pooler.", "nsp_head.", "lm_head.", "pooler.")) for k in extras), extras
@@ -198,3 +199,21 @@ def test_untied_decoder_is_kept(converted, tmp_path):
     dst = fivefold.convert(untied, tmp_path / "converted", progress=False)
     assert json.loads((dst / "config.json").read_text())["tie_word_embeddings"] is False
     assert max(verify(untied, dst).values()) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("model_type", "stock_name", "unused_bias"),
+    [("bert", "BertForMaskedLM", "cls.predictions.bias"), ("roberta", "RobertaForMaskedLM", "lm_head.bias")],
+)
+def test_untied_mlm_head_reads_the_decoders_bias_as_stock(converted, model_type, stock_name, unused_bias):
+    """transformers 5.x saves an untied MLM head's bias twice, apart: its model reads the decoder's, and so does
+    fivefold's, converted or loaded from the stock folder."""
+    src, dst = converted(model_type, stock_name, tie_word_embeddings=False)
+    tensors = read_tensors(src)
+    decoder_bias = unused_bias.replace("bias", "decoder.bias")
+    assert not torch.equal(tensors[unused_bias], tensors[decoder_bias])
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    arch = architecture_for_model_type(model_type)
+    for folder in (dst, src):
+        ours = arch.class_named(stock_name).from_pretrained(folder).eval()
+        assert max(compare(stock, ours, arch.sample_inputs(stock.config, stock_name, 0)).values()) <= TOL

@@ -1,13 +1,16 @@
 """Every head of every architecture in the table against its stock class on the same weights, on the architecture's
 sample inputs (text: a ragged padded batch; images: a batch at the native size), fp32, logits and all hidden
-states within 1e-4; the losses of every sequence or image classifier for each problem type. What only one
-architecture has is tested in its own file (test_bert_family.py, test_gpt2.py, ...)."""
+states within 1e-4; the losses of every sequence or image classifier for each problem type; config fields that
+stock's config class does not declare, which stock ignores; and the batch columns each forward names. What only
+one architecture has is tested in its own file (test_bert_family.py, test_gpt2.py, ...)."""
+
+import inspect
 
 import pytest
 import torch
 import transformers
 
-from fivefold.architectures import ARCHITECTURES, stock_class_name
+from fivefold.architectures import ARCHITECTURES, architecture_for_model_type, stock_class_name
 from fivefold.conversion.verify import compare
 
 from helpers import stock_attention
@@ -61,3 +64,48 @@ def test_classification_losses_match_stock(converted, arch, stock_name, problem_
     assert (a.logits - b.logits).abs().max() <= TOL
     assert abs(a.loss - b.loss) <= TOL
     assert ours.config.problem_type == stock.config.problem_type
+
+
+# Fields a config.json may carry that the architecture's stock config class does not declare (a Llama converted
+# from a Mistral keeps its `sliding_window`): stock's model never reads them, and fivefold's must not either.
+UNDECLARED = [
+    ("llama", "LlamaForCausalLM", {"sliding_window": 3}),
+    ("olmoe", "OlmoeForCausalLM", {"sliding_window": 3}),
+    (
+        "mistral",
+        "MistralForCausalLM",
+        {"attention_bias": True, "mlp_bias": True, "layer_types": ("full_attention",) * 2},
+    ),
+    ("mixtral", "MixtralForCausalLM", {"attention_bias": True}),
+    ("qwen2", "Qwen2ForCausalLM", {"mlp_bias": True}),
+]
+
+
+@pytest.mark.parametrize(("model_type", "stock_name", "fields"), UNDECLARED, ids=lambda v: str(v)[:40])
+def test_fields_the_stock_config_does_not_declare_are_ignored(converted, model_type, stock_name, fields):
+    src, dst = converted(model_type, stock_name, **fields)
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    kept = {name: getattr(stock.config, name) for name in fields}  # kept as attributes, never read
+    assert kept == {name: list(v) if isinstance(v, tuple) else v for name, v in fields.items()}
+    arch = architecture_for_model_type(model_type)
+    inputs = arch.sample_inputs(stock.config, stock_name, 0)
+    assert inputs["input_ids"].shape[1] > 3  # past the stray window
+    for folder in (dst, src):
+        ours = arch.class_named(stock_name).from_pretrained(folder).eval()
+        assert max(compare(stock, ours, inputs).values()) <= TOL
+
+
+# What a tokenizer, an image processor or a data collator puts in a batch: Trainer keeps a dataset's column only
+# where the model's forward names it (`remove_unused_columns`), so fivefold's heads name every one stock's do.
+BATCH_COLUMNS = {
+    "input_ids", "attention_mask", "token_type_ids", "position_ids", "pixel_values", "labels", "decoder_input_ids",
+    "decoder_attention_mask", "start_positions", "end_positions", "next_sentence_label",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "stock_name"), HEADS)
+def test_forward_names_every_batch_column_stocks_does(arch, stock_name):
+    def named(cls) -> set[str]:
+        return set(inspect.signature(cls.forward).parameters) & BATCH_COLUMNS
+
+    assert named(getattr(transformers, stock_name)) <= named(arch.class_named(stock_name))

@@ -181,3 +181,25 @@ def test_last_complete_checkpoint_skips_half_written_ones(tmp_path):
     checkpoint(3, "rng_state.pth", "trainer_state.json")
     checkpoint(20, "rng_state.pth", "trainer_state.json")
     assert fivefold.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")  # by step, not by name
+
+
+@pytest.mark.parametrize(("model_type", "stock_name"), [("llama", "LlamaForCausalLM"), ("gpt2", "GPT2LMHeadModel")])
+def test_label_smoothing_shifts_a_causal_lms_labels_as_for_stock(converted, tmp_path, model_type, stock_name):
+    """Trainer shifts labels for label smoothing only for classes its causal-LM table names, by class name."""
+    src, dst = converted(model_type, stock_name)
+    ids = torch.randint(3, 99, (2, 10), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    args = transformers.TrainingArguments(tmp_path, label_smoothing_factor=0.1, report_to=[], use_cpu=True)
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    ours = fivefold_causal_lm(dst).eval()
+    with torch.no_grad():
+        want, got = (transformers.Trainer(model=m, args=args).compute_loss(m, dict(batch)) for m in (stock, ours))
+        unshifted = transformers.trainer_pt_utils.LabelSmoother(0.1)(ours(input_ids=ids), ids)
+    assert got.item() == pytest.approx(want.item(), abs=1e-5)
+    assert abs(got - unshifted) > 1e-2
+
+
+def fivefold_causal_lm(folder) -> transformers.PreTrainedModel:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert type(model).__module__.startswith("fivefold.")
+    return model
