@@ -1,13 +1,16 @@
 """Public Mixtral checkpoints (`model.` prefix on head models): one tensor per expert projection
 (`block_sparse_moe.experts.E.w1/w2/w3`), the same layout as fivefold's per-expert modules, so conversion is a
-plain rename. Sharded files are read through their index like any other checkpoint."""
+plain rename. Sharded files are read through their index like any other checkpoint. What stock transformers 5
+writes with `save_pretrained(..., save_original_format=False)` (the router `mlp.gate`, fused `mlp.experts.*`)
+is read too."""
 
 from fivefold.configuration.mixtral import FivefoldMixtralConfig
 from fivefold.modeling import mixtral as modeling
 
 from .architecture import Architecture
+from .experts import fused_expert_rules
 from .inputs import causal_text_sample
-from .keymap import KeyMap, renames
+from .keymap import KeyMap, Rule, renames
 from .llama import LLAMA_ATTENTION
 
 MIXTRAL_BASE = {
@@ -20,7 +23,12 @@ MIXTRAL_BASE = {
 
 MIXTRAL_HEADS = {"lm_head": "lm_head", "score": "score"}
 
-MIXTRAL_KEYS = KeyMap(renames(MIXTRAL_BASE), renames(MIXTRAL_HEADS))
+
+def mixtral_keys(config) -> KeyMap:
+    """Both expert layouts; the fused one is read only, and conversion back writes the Hub's."""
+    fused = fused_expert_rules("layers.{}.mlp.experts", "layers.{}.mlp.experts", config.num_local_experts)
+    router = Rule(("layers.{}.mlp.gate",), ("layers.{}.mlp.router",), import_only=True)
+    return KeyMap([*renames(MIXTRAL_BASE), router, *fused], renames(MIXTRAL_HEADS))
 
 
 # Four experts, two per token; two key/value heads for four query heads (grouped-query attention). The expert
@@ -58,7 +66,7 @@ ARCHITECTURE = Architecture(
         "AutoModelForCausalLM": modeling.FivefoldMixtralForCausalLM,
         "AutoModelForSequenceClassification": modeling.FivefoldMixtralForSequenceClassification,
     },
-    keys=lambda config: MIXTRAL_KEYS,
+    keys=mixtral_keys,
     tiny=TINY_MIXTRAL,
     public={"mistralai/Mixtral-8x7B-v0.1": MIXTRAL_8X7B},
     sample_inputs=causal_text_sample,

@@ -1,8 +1,8 @@
 """Mixtral against stock on the same tiny random weights: sharded checkpoints (converted, loaded directly, round
-trip), a sliding window shorter than the prompt, the router outputs and the auxiliary losses, jitter noise in
-training, incremental decoding, config rules; experts as placeable units (split across devices, the saved layout
-independent of placement); Mixtral-8x7B's per-expert files at the public size on the meta device.
-(generate() against stock: test_generation.py; the MoE layer alone: test_moe_layer.py.)"""
+trip), stock 5's fused layout, a sliding window shorter than the prompt, the router outputs and the auxiliary
+losses, jitter noise in training, incremental decoding, config rules; experts as placeable units (split across
+devices, the saved layout independent of placement); Mixtral-8x7B's per-expert files at the public size on the
+meta device. (generate() against stock: test_generation.py; the MoE layer alone: test_moe_layer.py.)"""
 
 import json
 import re
@@ -70,6 +70,22 @@ def test_sharded_stock_checkpoint_converts_and_loads_directly(sharded):
         b = FivefoldMixtralForCausalLM.from_pretrained(dst).eval()(**inputs).logits
     mask = inputs["attention_mask"].bool()
     assert (a - b)[mask].abs().max() <= TOL
+
+
+def test_the_fused_layout_stock_can_save_converts_and_loads_as_the_hubs(stock_checkpoint, tmp_path):
+    """`save_pretrained(save_original_format=False)` writes stock 5's fused experts and `mlp.gate` router."""
+    src = stock_checkpoint("mixtral", "MixtralForCausalLM")
+    transformers.MixtralForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "fused", save_original_format=False)
+    assert any(k.endswith(".mlp.experts.gate_up_proj") for k in load_file(tmp_path / "fused" / "model.safetensors"))
+    a = read_tensors(fivefold.convert(src, tmp_path / "a", progress=False))
+    b = read_tensors(fivefold.convert(tmp_path / "fused", tmp_path / "b", progress=False))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    stock, ours = _stock_and_ours(tmp_path / "fused")  # fivefold's class reads the fused folder directly too
+    inputs = causal_text_sample(stock.config, "MixtralForCausalLM")
+    with torch.no_grad():
+        assert (stock(**inputs).logits - ours(**inputs).logits).abs().max() <= TOL
+    back = load_file(fivefold.export(tmp_path / "b", tmp_path / "stock", progress=False) / "model.safetensors")
+    assert set(back) == set(load_file(src / "model.safetensors"))  # the Hub's per-expert layout
 
 
 def test_sharded_round_trip_is_lossless(sharded, tmp_path):
