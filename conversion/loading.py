@@ -13,7 +13,7 @@ from fivefold.architectures import architecture_for_model_type
 
 from .errors import ConversionError
 from .hub import HubRef
-from .reader import CheckpointReader, checked_getter
+from .reader import CheckpointReader, checked_getter, renamed_by
 from .source import build_config, read_config_if_any, resolve_source
 from .validation import check_aliases, check_plan, our_prefix
 
@@ -26,10 +26,14 @@ def open_stock_checkpoint(
     revision: str | None = None,
     subfolder: str | None = None,
     token: str | bool | None = None,
+    variant: str | None = None,
+    use_safetensors: bool | None = None,
+    key_mapping: dict[str, str] | None = None,
 ) -> AbstractContextManager[tuple] | None:
     """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
     state dict under our names), or None when `name_or_path` is not a stock checkpoint. A Hub repo is read at
-    `revision`, inside `subfolder`, with `token`, as transformers would."""
+    `revision`, inside `subfolder`, with `token`; the weights files as `variant` and `use_safetensors` pick them,
+    their tensors renamed by `key_mapping` before conversion: all as transformers would."""
     ref = HubRef(revision=revision, subfolder=subfolder or None, token=token)
     stock = read_config_if_any(name_or_path, ref)
     if stock is None or not stock.get("model_type"):
@@ -46,13 +50,14 @@ def open_stock_checkpoint(
         return None  # already fivefold's layout
     if not isinstance(user_config, PretrainedConfig):
         user_config = None  # a path or None: the config comes from the stock checkpoint
-    return _stock_state(arch, cls, resolve_source(name_or_path, ref), stock, user_config)
+    folder = resolve_source(name_or_path, ref)
+    reader = CheckpointReader(folder, renamed_by(key_mapping), variant, use_safetensors)
+    return _stock_state(arch, cls, folder, reader, stock, user_config)
 
 
 @contextmanager
-def _stock_state(arch, cls, folder: Path, stock: dict, user_config) -> Iterator[tuple]:
+def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict, user_config) -> Iterator[tuple]:
     config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
-    reader = CheckpointReader(folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(cls), our_prefix(arch, cls))
     check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)

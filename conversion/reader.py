@@ -2,6 +2,7 @@
 indexes may only name files inside the checkpoint folder."""
 
 import os
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -74,12 +75,43 @@ def _plausible_file_name(name: object) -> bool:
     return len(encoded) <= _MAX_PATH_BYTES and all(len(part) <= _MAX_NAME_BYTES for part in encoded.split(b"/"))
 
 
+def with_variant(name: str, variant: str | None) -> str:
+    """transformers' name of a weights file of a variant: `model.safetensors` -> `model.fp16.safetensors`."""
+    if variant is None:
+        return name
+    stem, extension = name.rsplit(".", 1)
+    return f"{stem}.{variant}.{extension}"
+
+
+def renamed_by(key_mapping: dict[str, str] | None) -> Callable[[str], str] | None:
+    """`from_pretrained(key_mapping=...)` as transformers applies it to stored names: each pattern substituted in
+    turn (`{"^backbone\\.": ""}` strips a prefix)."""
+    if not key_mapping:
+        return None
+    patterns = [(re.compile(pattern), replacement) for pattern, replacement in key_mapping.items()]
+
+    def rename(key: str) -> str:
+        for pattern, replacement in patterns:
+            key = pattern.sub(replacement, key)
+        return key
+
+    return rename
+
+
 class CheckpointReader:
     """Lazy access to the tensors of one checkpoint folder, by name. Given `rename`, every stored tensor is
-    presented under `rename(stored_name)` (a folder written by an earlier tensor layout, read as today's)."""
+    presented under `rename(stored_name)` (a folder written by an earlier tensor layout, read as today's).
+    `variant` and `use_safetensors` pick the weights files as transformers' `from_pretrained` does."""
 
-    def __init__(self, folder: str | os.PathLike, rename: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        rename: Callable[[str], str] | None = None,
+        variant: str | None = None,
+        use_safetensors: bool | None = None,
+    ):
         self.folder = Path(folder)
+        self.variant, self.use_safetensors = variant, use_safetensors
         self._file_of: dict[str, Path] = {}
         self._stored_name: dict[str, str] = {}
         self._handles: dict[Path, object] = {}
@@ -99,19 +131,23 @@ class CheckpointReader:
         return f"tensors {first!r} ({first_file}) and {stored!r} ({file.name}) are both renamed to {key!r}"
 
     def _weight_files(self) -> list[Path]:
-        for index_name in (SAFE_INDEX, BIN_INDEX):
+        formats = {None: ((SAFE_INDEX, SAFE_SINGLE), (BIN_INDEX, BIN_SINGLE)), True: ((SAFE_INDEX, SAFE_SINGLE),)}
+        names = [
+            (with_variant(index, self.variant), with_variant(single, self.variant))
+            for index, single in formats.get(self.use_safetensors, ((BIN_INDEX, BIN_SINGLE),))
+        ]
+        for index_name, _ in names:
             index = self.folder / index_name
             if index.is_file():
                 weight_map = read_json(index).get("weight_map")
                 if not isinstance(weight_map, dict) or not weight_map:
                     raise ConversionError(f"{index} has no weight_map")
                 return sorted({shard_path(self.folder, name, index_name) for name in weight_map.values()})
-        for single in (SAFE_SINGLE, BIN_SINGLE):
+        for _, single in names:
             if (self.folder / single).is_file():
                 return [self.folder / single]
-        raise ConversionError(
-            f"no weights in {self.folder}: expected {SAFE_SINGLE}, {SAFE_INDEX}, {BIN_SINGLE} or {BIN_INDEX}"
-        )
+        expected = [name for pair in names for name in reversed(pair)]
+        raise ConversionError(f"no weights in {self.folder}: expected {', '.join(expected[:-1])} or {expected[-1]}")
 
     @staticmethod
     def _open(file: Path):

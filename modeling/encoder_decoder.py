@@ -112,7 +112,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         static = self_cache is not None and self_cache.is_compileable
         keys = self_cache.get_max_length() if static else past + t  # a static cache's keys: all its slots
 
-        bias = self.relative_bias(t, keys, past).to(hidden.dtype)  # [1, H, T, S]
+        bias = self.relative_bias(t, keys, past, hidden.device).to(hidden.dtype)  # [1, H, T, S]
         mask = relative_bias_mask(bias, attention_mask, self.causal, past, static)  # [B or 1, H, T, S]
         cross = ()
         if encoder_hidden_states is not None:

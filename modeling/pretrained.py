@@ -156,21 +156,22 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         return cls._load(name, *model_args, **kwargs)
 
     @classmethod
-    def _load(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
-        if cls.converter is not None and pretrained_model_name_or_path is not None:
-            hub = {k: kwargs.get(k) for k in ("revision", "subfolder", "token")}
-            stock = cls.converter.open_stock_checkpoint(cls, pretrained_model_name_or_path, kwargs.get("config"), **hub)
+    def _load(cls, name: str | os.PathLike | None, *model_args, **kwargs):
+        if cls.converter is not None and name is not None:
+            options = ("revision", "subfolder", "token", "variant", "use_safetensors", "key_mapping")
+            files = {k: kwargs.get(k) for k in options}  # where the stock files are, which, and their names
+            stock = cls.converter.open_stock_checkpoint(cls, name, kwargs.get("config"), **files)
             if stock is not None:
-                check_stock_offload(pretrained_model_name_or_path, kwargs)
-                for key in ("config", *hub):  # the converted state and a local config replace them
+                check_stock_offload(name, kwargs)
+                for key in ("config", *files):  # the converted state and a local config replace them
                     kwargs.pop(key, None)
                 with stock as (config, state_dict):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
-        planned = plan(cls, pretrained_model_name_or_path, kwargs)  # a quantized checkpoint's experts on "disk"
+        planned = plan(cls, name, kwargs)  # a quantized checkpoint's experts on "disk"
         with leaving(planned.left):
-            return planned.done(super().from_pretrained(pretrained_model_name_or_path, *model_args, **planned.kwargs))
+            return planned.done(super().from_pretrained(name, *model_args, **planned.kwargs))
 
     @staticmethod
     def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):

@@ -47,10 +47,17 @@ class RelativePositionBias(nn.Module):
         self.spec = spec
         self.relative_attention_bias = nn.Embedding(spec.num_buckets, spec.num_heads)
 
-    def forward(self, query_length: int, key_length: int, past_length: int | torch.Tensor = 0) -> torch.Tensor:
+    def forward(
+        self,
+        query_length: int,
+        key_length: int,
+        past_length: int | torch.Tensor = 0,
+        device: torch.device | None = None,
+    ) -> torch.Tensor:
         """[1, H, T, S]. Queries are the `query_length` positions after `past_length` cached ones (a 0-d tensor
-        for a static cache, so that compiled decoding steps do not specialise on it)."""
-        device = self.relative_attention_bias.weight.device
+        for a static cache, so that compiled decoding steps do not specialise on it). `device`: the activations';
+        the table's own may be `meta` until the call, where accelerate offloads it and loads it as it runs."""
+        device = device if device is not None else self.relative_attention_bias.weight.device
         query_position = torch.arange(query_length, device=device)[:, None] + past_length  # [T, 1]
         key_position = torch.arange(key_length, device=device)[None, :]  # [1, S]
         buckets = relative_position_bucket(

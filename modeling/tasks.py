@@ -20,6 +20,13 @@ from .losses import span_loss
 from .pretrained import FivefoldPreTrainedModel
 
 
+def beside_name(spec: HeadSpec) -> str:
+    """The attribute of a head whose projection sits beside it: `head` where it holds weights (ModernBERT's
+    `head.dense`, as the checkpoint names them), else `pool`. Not `head` then: transformers and accelerate find a
+    tied weight's module by substring when they place modules (`device_map="auto"`), and `head` is in `lm_head`."""
+    return "head" if spec.transform is not None else "pool"
+
+
 class TaskModel(FivefoldPreTrainedModel):
     # Task -> its number of outputs: a config field ("num_labels") or a number.
     tasks: Mapping[str, str | int] = {}
@@ -33,9 +40,9 @@ class TaskModel(FivefoldPreTrainedModel):
             if spec.projection:
                 self.add_module(spec.owner, Head(spec, width, size))
             else:  # the head pools and transforms; the task model projects
-                if hasattr(self, "head"):
-                    raise ValueError(f"{type(self).__name__}: two heads beside their projections would both be `head`")
-                self.head = Head(spec, width)
+                if hasattr(self, "head") or hasattr(self, "pool"):
+                    raise ValueError(f"{type(self).__name__}: two heads beside their projections")
+                self.add_module(beside_name(spec), Head(spec, width))
                 self.add_module(spec.owner, projection(spec, width, size) if size else nn.Identity())
         if self.output_task is not None:
             tied = {f"{heads[self.output_task].at}.weight": self.input_embeddings_key}
@@ -56,7 +63,7 @@ class TaskModel(FivefoldPreTrainedModel):
         owner = getattr(self, spec.owner)
         if spec.projection:  # by the spec, not the module's type: PEFT wraps the heads it trains (modules_to_save)
             return owner(hidden, mask, pooled)
-        return owner(self.head(hidden, mask, pooled))
+        return owner(getattr(self, beside_name(spec))(hidden, mask, pooled))
 
     def answer_spans(self, out, start_positions, end_positions) -> QuestionAnsweringModelOutput:
         """Extractive QA on the backbone's output `out`: start and end logits per token, the span loss where both

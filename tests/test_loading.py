@@ -1,8 +1,10 @@
-"""Loading options work as in transformers: dtype, device_map with offload, init of missing weights."""
+"""Loading options work as in transformers: dtype, device_map with offload (`"auto"` too), init of missing weights,
+the options that pick a stock folder's files."""
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 import fivefold
 from fivefold.conversion.inputs import text_inputs
@@ -27,6 +29,34 @@ def test_dtype_and_offloaded_device_map(converted, tmp_path):
         expected = reference(**inputs).logits
         assert (offloaded(**inputs).logits - expected).abs().max() <= 1e-5
         assert (half(**inputs).logits.float() - expected).abs().max() < 0.1
+
+
+@pytest.mark.parametrize(
+    ("model_type", "stock_name", "auto"),
+    [
+        ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM"),
+        ("t5", "T5ForConditionalGeneration", "AutoModelForSeq2SeqLM"),
+    ],
+)
+def test_device_map_auto_places_a_model_with_tied_embeddings(converted, tmp_path, model_type, stock_name, auto):
+    """transformers finds a tied weight's module by substring when it builds the map: no child may be named
+    inside `lm_head`."""
+    _, dst = converted(model_type, stock_name)
+    reference = getattr(transformers, auto).from_pretrained(dst).eval()
+    size = sum(p.numel() * p.element_size() for p in reference.parameters())
+    placed = (
+        getattr(transformers, auto)
+        .from_pretrained(
+            dst, device_map="auto", max_memory={"cpu": size // 2}, offload_folder=str(tmp_path / "offload")
+        )
+        .eval()
+    )
+    assert "disk" in placed.hf_device_map.values()
+    assert placed.get_output_embeddings().weight is placed.get_input_embeddings().weight
+    ids = torch.tensor([[5, 17, 42, 8, 9]])
+    extra = {"decoder_input_ids": ids[:, :3]} if model_type == "t5" else {}
+    with torch.no_grad():
+        assert (placed(input_ids=ids, **extra).logits - reference(input_ids=ids, **extra).logits).abs().max() <= 1e-5
 
 
 def test_missing_head_is_initialised_by_role(converted):
@@ -82,3 +112,28 @@ def test_a_fivefold_folder_of_another_architecture_is_refused(converted, stock_c
     for folder in (bert_folder, stock_checkpoint("bert", "BertForMaskedLM")):
         with pytest.raises(fivefold.ConversionError, match=r"is a (fivefold_)?bert checkpoint; .* loads fivefold_gpt2"):
             fivefold.FivefoldGPT2LMHeadModel.from_pretrained(folder)
+
+
+def test_a_stock_folder_loads_with_transformers_file_options(stock_checkpoint, tmp_path):
+    """`variant`, `key_mapping` and `use_safetensors` pick and rename a stock folder's files for fivefold's class
+    as they do for stock's, before the conversion in memory."""
+    stock = transformers.LlamaForCausalLM.from_pretrained(stock_checkpoint("llama", "LlamaForCausalLM")).eval()
+    ids = torch.tensor([[5, 17, 42, 8, 9]])
+    with torch.no_grad():
+        expected = stock(input_ids=ids).logits
+    stock.save_pretrained(tmp_path / "variant", variant="v1")
+    prefixed = tmp_path / "prefixed"
+    stock.save_pretrained(prefixed)
+    state = {f"backbone.{k}": v for k, v in load_file(prefixed / "model.safetensors").items()}
+    save_file(state, prefixed / "model.safetensors", metadata={"format": "pt"})
+
+    cls = fivefold.FivefoldLlamaForCausalLM
+    for folder, options in (
+        (tmp_path / "variant", {"variant": "v1"}),
+        (prefixed, {"key_mapping": {r"^backbone\.": ""}}),
+    ):
+        ours = cls.from_pretrained(folder, **options).eval()
+        with torch.no_grad():
+            assert (ours(input_ids=ids).logits - expected).abs().max() <= 1e-5
+    with pytest.raises(fivefold.ConversionError, match=r"expected pytorch_model\.bin"):  # stock: an OSError
+        cls.from_pretrained(prefixed, use_safetensors=False, key_mapping={r"^backbone\.": ""})
