@@ -1,8 +1,9 @@
-"""`fivefold serve`'s answer to requests no model can serve: one 400 naming the limit, before generation starts.
+"""`fivefold serve`'s answer to requests past the model's context: one 400 naming the limit, before generation starts.
 
 transformers 5.24's server checks a request's fields but not its size: a prompt longer than the model's context, or
-`max_tokens` past it (10^9), reaches generation, where the model's error (fivefold's GPT-2: "sequence too long for
-the position table") becomes a 500 without the reason. `ContextLimit` is ASGI middleware in front of the server's
+`max_tokens` past it (10^9), reaches generation, where a learned position table's error (fivefold's GPT-2:
+"sequence too long for the position table") becomes a 500 without the reason, and a rotary model generates past the
+length it was trained for. `ContextLimit` is ASGI middleware in front of the server's
 app: it reads a completion or chat request's body, counts the prompt's tokens with the model's own tokenizer (and
 chat template), and refuses with 400 a prompt that leaves no room for new tokens, a `max_tokens` that is no
 positive integer, and a prompt plus `max_tokens` past `max_position_embeddings`, as OpenAI's API and vLLM do.

@@ -7,13 +7,12 @@ should change upstream: fall back on the Auto class for the config (`AutoModelFo
 reads `auto_map` under `--trust-remote-code` and registered model types otherwise) when that name is not in the
 transformers namespace.
 
-Until then, with nothing patched: `servable(folder)` makes the folder name the Auto class in `architectures`, which
-the lookup finds in the namespace and which then resolves the folder's own model type (registered by `import
-fivefold`) or its shipped code (`--trust-remote-code`). `fivefold serve ...` is `transformers serve ...` in a process
-that has imported fivefold, so folders load through the registered classes without remote code, and with requests
-that no model could serve (a prompt or `max_tokens` past its context) refused with a 400 before generation
-(`fivefold/request_limits.py`).
-"""
+Until then, with nothing patched (one table gains entries: `parse_responses_as_stock`): `servable(folder)` makes the
+folder name the Auto class in `architectures`, which the lookup finds in the namespace and which then resolves the
+folder's own model type (registered by `import fivefold`) or its shipped code (`--trust-remote-code`). `fivefold
+serve ...` is `transformers serve ...` in a process that has imported fivefold, so folders load through the
+registered classes without remote code, and with requests past the model's context (its prompt, or the prompt and
+`max_tokens`) refused with a 400 before generation (`fivefold/request_limits.py`)."""
 
 import json
 from pathlib import Path
@@ -40,12 +39,31 @@ def servable(folder: str | Path) -> Path:
     return Path(folder)
 
 
+def parse_responses_as_stock() -> None:
+    """transformers' server splits a reply into reasoning, tool calls and text with the tokenizer's response
+    template, or, where the tokenizer ships none (Qwen's), with a fallback chosen by the config's model type
+    (`_RESPONSE_TEMPLATE_FALLBACKS`, keyed by stock's: `qwen2`, `qwen3_moe`, ...). fivefold's model types are added
+    beside the stock types they convert, with the same template."""
+    from transformers.cli.serving import utils
+
+    from .architectures import ARCHITECTURES
+
+    fallbacks = getattr(utils, "_RESPONSE_TEMPLATE_FALLBACKS", {})
+    for stock_types, template in list(fallbacks.items()):
+        ours = tuple(arch.model_type for arch in ARCHITECTURES if arch.stock_model_type in stock_types)
+        if ours:
+            fallbacks.setdefault(ours, template)
+
+
 def serve(argv: list[str]) -> int:
-    """`transformers serve ARGV` in this process, where importing this package registered fivefold's model types,
-    with requests past a model's context refused up front (fivefold.request_limits)."""
+    """`transformers serve ARGV` in this process, where importing this package registered fivefold's model types
+    (and their response templates: `parse_responses_as_stock`), with requests past a model's context refused up
+    front (fivefold.request_limits)."""
     import typer
 
     from .request_limits import LimitedServe
+
+    parse_responses_as_stock()
 
     command = typer.Typer(add_completion=False)
     command.command(name="serve")(LimitedServe)

@@ -129,3 +129,22 @@ def test_serve_answers_completions_and_chat(served, server, tmp_path):
             chat = _post(port, "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": PROMPT}]})
             assert _text(completion, stream, chat=False).split() == expected.split(), (server, stream, completion)
             assert _text(chat, stream, chat=True).split() == expected.split(), (server, stream, chat)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "stock_name"), [("qwen2", "Qwen2ForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")]
+)
+def test_fivefold_serve_parses_reasoning_and_tool_calls_as_for_stock(converted, model_type, stock_name):
+    """Qwen's tokenizers ship no response template: the server picks one by the config's model type."""
+    from transformers import AutoModelForCausalLM
+    from transformers.cli.serving.utils import get_response_template
+
+    from fivefold.serving import parse_responses_as_stock
+
+    src, dst = converted(model_type, stock_name)
+    stock, ours = (AutoModelForCausalLM.from_pretrained(folder) for folder in (src, dst))
+    tokenizer = word_tokenizer(99)
+    parse_responses_as_stock()
+    assert type(ours).__name__.startswith("Fivefold")
+    template = get_response_template(tokenizer, stock)
+    assert template is not None and get_response_template(tokenizer, ours) == template
