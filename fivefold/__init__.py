@@ -4,7 +4,7 @@ Importing fivefold registers every fivefold config and model with transformers' 
 `fivefold.FivefoldBertConfig`, `fivefold.FivefoldBertForMaskedLM`, ... (the architecture table lists them once).
 """
 
-from fivefold import conversion, peft_defaults
+from fivefold import conversion, peft_defaults, sentence_encoders
 from fivefold.architectures import ARCHITECTURES, register
 from fivefold.compiling import frozen_weight_guards
 from fivefold.conversion import CheckpointWarning, ConversionError, convert, export, push_folder, verify
@@ -26,6 +26,7 @@ for _arch in ARCHITECTURES:
         _classes[_cls.__name__] = _cls
 globals().update(_classes)
 peft_defaults.register()  # LoRA's default targets for fivefold's model types, once PEFT is imported
+sentence_encoders.register()  # a converted T5's encoder for sentence-transformers, once it is imported
 
 # The Trainer subclasses import transformers' Trainer (and `datasets` with it), a second of every start-up that
 # converting, loading and the command line never need: imported on first use.

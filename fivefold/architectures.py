@@ -42,9 +42,9 @@ def register(arch: Architecture) -> None:
     causal-LM table, and `transformers serve` generates only with those."""
     transformers.AutoConfig.register(arch.model_type, arch.config_class, exist_ok=True)
     for auto_name, model_class in arch.auto_classes.items():
-        auto = getattr(transformers, auto_name)
-        auto.register(arch.config_class, model_class, exist_ok=True)
-        names = getattr(auto._model_mapping, "_model_mapping", None)
+        getattr(transformers, auto_name).register(arch.config_class, model_class, exist_ok=True)
+    for auto_name, model_class in arch.models.items():  # not a pipeline's fallback: T5 is no causal LM to Trainer
+        names = getattr(getattr(transformers, auto_name)._model_mapping, "_model_mapping", None)
         if isinstance(names, dict):
             names.setdefault(arch.model_type, model_class.__name__)
 

@@ -10,9 +10,7 @@ Beyond the defaults, `target_modules` reaches every linear layer by name: `q_pro
 `r".*experts\\.3\\.(gate_proj|up_proj|down_proj)"` (docs/fine-tune.md).
 """
 
-import importlib.abc
-import importlib.machinery
-import sys
+from .after_import import when_imported
 
 _TABLE_MODULE = "peft.utils.constants"
 _TABLE = "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"
@@ -29,29 +27,13 @@ def add_to(table: dict) -> None:
         table.setdefault(model_type, targets)
 
 
-class _AddAfterImport(importlib.abc.MetaPathFinder):
-    """Finds PEFT's constants module as the path finder does, and adds fivefold's rows once it has run."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TABLE_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def run_then_add(module):
-            run(module)
-            add_to(getattr(module, _TABLE))
-
-        spec.loader.exec_module = run_then_add
-        return spec
+def add_rows(module) -> None:
+    """fivefold's rows in the table of PEFT's constants module (one being imported, maybe not yet complete)."""
+    table = getattr(module, _TABLE, None)
+    if isinstance(table, dict):
+        add_to(table)
 
 
 def register() -> None:
     """Adds fivefold's rows to PEFT's table now (PEFT imported) or when PEFT is imported."""
-    module = sys.modules.get(_TABLE_MODULE)
-    if module is not None and hasattr(module, _TABLE):
-        add_to(getattr(module, _TABLE))
-    elif not any(isinstance(finder, _AddAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AddAfterImport())
+    when_imported(_TABLE_MODULE, add_rows)

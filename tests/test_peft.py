@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fivefold import peft_defaults
+from fivefold.after_import import AfterImport
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 
 peft = pytest.importorskip("peft")  # in the test extras
@@ -70,7 +71,8 @@ def test_defaults_added_when_peft_is_imported_after_fivefold():
 
     import peft.utils
 
-    spec = peft_defaults._AddAfterImport().find_spec("peft.utils.constants", peft.utils.__path__)
+    finder = AfterImport("peft.utils.constants", peft_defaults.add_rows)
+    spec = finder.find_spec("peft.utils.constants", peft.utils.__path__)
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
     table = fresh.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING

@@ -93,3 +93,25 @@ def test_module_folders_are_checked(tmp_path):
         with pytest.raises(ConversionError, match="not a folder inside it"):
             fivefold.convert(src, tmp_path / "refused", progress=False)
         assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("stock_class", ["T5EncoderModel", "T5ForConditionalGeneration"])
+def test_a_converted_t5_embeds_with_fivefolds_encoder(tmp_path, stock_class):
+    """sentence-transformers picks an encoder-decoder's encoder class by config class; fivefold's T5 config is a
+    `T5Config`, so without fivefold's row the converted folder would load into stock's class at random."""
+    from fivefold.conversion.samples import build_stock_checkpoint
+
+    src = build_stock_checkpoint("t5", stock_class, tmp_path / "stock", vocab_size=30522)  # MiniLM's tokenizer
+    minilm = minilm_folder()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "modules.json"):
+        shutil.copy(minilm / name, src / name)
+    (src / "1_Pooling").mkdir()
+    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
+    width = json.loads((src / "config.json").read_text())["d_model"]
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": width}))
+    if (minilm / "2_Normalize").is_dir():
+        shutil.copytree(minilm / "2_Normalize", src / "2_Normalize")
+    dst = fivefold.convert(src, tmp_path / "fivefold", progress=False)
+    ours = SentenceTransformer(str(dst), device="cpu")
+    assert type(ours[0].auto_model).__name__ == "FivefoldT5EncoderModel"
+    assert (embed(dst) - embed(src)).abs().max() <= 1e-5

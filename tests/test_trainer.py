@@ -183,23 +183,29 @@ def test_last_complete_checkpoint_skips_half_written_ones(tmp_path):
     assert fivefold.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-20")  # by step, not by name
 
 
-@pytest.mark.parametrize(("model_type", "stock_name"), [("llama", "LlamaForCausalLM"), ("gpt2", "GPT2LMHeadModel")])
-def test_label_smoothing_shifts_a_causal_lms_labels_as_for_stock(converted, tmp_path, model_type, stock_name):
-    """Trainer shifts labels for label smoothing only for classes its causal-LM table names, by class name."""
+@pytest.mark.parametrize(
+    ("model_type", "stock_name", "auto", "shifted"),
+    [
+        ("llama", "LlamaForCausalLM", "AutoModelForCausalLM", True),
+        ("gpt2", "GPT2LMHeadModel", "AutoModelForCausalLM", True),
+        ("t5", "T5ForConditionalGeneration", "AutoModelForSeq2SeqLM", False),
+    ],
+)
+def test_label_smoothing_shifts_labels_as_for_stock(converted, tmp_path, model_type, stock_name, auto, shifted):
+    """Trainer shifts labels for label smoothing only for classes its causal-LM table names, by class name: a
+    causal LM's, not T5's (whose decoder inputs are the labels shifted already)."""
     src, dst = converted(model_type, stock_name)
     ids = torch.randint(3, 99, (2, 10), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    if not shifted:
+        batch["decoder_input_ids"] = torch.cat([torch.zeros_like(ids[:, :1]), ids[:, :-1]], dim=1)
     args = transformers.TrainingArguments(tmp_path, label_smoothing_factor=0.1, report_to=[], use_cpu=True)
     stock = getattr(transformers, stock_name).from_pretrained(src).eval()
-    ours = fivefold_causal_lm(dst).eval()
+    ours = getattr(transformers, auto).from_pretrained(dst).eval()
+    assert type(ours).__module__.startswith("fivefold.")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         want, got = (transformers.Trainer(model=m, args=args).compute_loss(m, dict(batch)) for m in (stock, ours))
-        unshifted = transformers.trainer_pt_utils.LabelSmoother(0.1)(ours(input_ids=ids), ids)
+        unshifted = transformers.trainer_pt_utils.LabelSmoother(0.1)(ours(**inputs), ids)
     assert got.item() == pytest.approx(want.item(), abs=1e-5)
-    assert abs(got - unshifted) > 1e-2
-
-
-def fivefold_causal_lm(folder) -> transformers.PreTrainedModel:
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    assert type(model).__module__.startswith("fivefold.")
-    return model
+    assert (abs(got - unshifted) > 1e-2) == shifted
