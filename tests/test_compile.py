@@ -220,6 +220,28 @@ def test_frozen_weight_guards_keep_two_models_of_one_class_apart(converted):
         assert len(list(first.parameters())) <= sum(kept) < len(kept) / 2
 
 
+class _BrokenLayer(torch.nn.Module):
+    """A layer whose forward is a frame of its own (a graph break inside, as bitsandbytes' int8 linears make):
+    every instance runs that one code, told apart by its attributes."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.layer_idx = index
+        self.table = torch.full((2,), float(index))  # a plain tensor attribute (bitsandbytes' `state.CB`)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return x * 2 + self.layer_idx + self.table.sum()
+
+
+def test_frozen_weight_guards_keep_instances_of_a_graph_broken_module_apart():
+    model = torch.nn.Sequential(*(_BrokenLayer(i) for i in range(3)))
+    x = torch.zeros(2)
+    expected = model(x)
+    model.forward = torch.compile(model.forward, options={"guard_filter_fn": fivefold.frozen_weight_guards})
+    assert torch.equal(model(x), expected)
+
+
 @pytest.mark.slow  # dynamo and AOTAutograd, forward and backward: seconds a model
 @pytest.mark.parametrize("arch", [a for a in DECODERS if a.id in ("gpt2", "llama", "mistral", "qwen2_moe", "gpt_oss")])
 def test_training_step_without_a_mask_compiles_to_one_graph(converted, arch):
