@@ -1,5 +1,6 @@
 """Cross-field rules shared by fivefold configs, checked in one place (each raises ValueError naming the fields)."""
 
+import dataclasses
 import math
 from typing import Any
 
@@ -49,6 +50,15 @@ def check_grouped_heads_and_experts(config: Any) -> None:
         )
 
 
+def declared(config, name: str, default=None):
+    """`config.<name>` where the config's class declares that field, else `default`. A config.json may carry
+    fields of another architecture (a Llama converted from a Mistral keeps its `sliding_window`): transformers
+    keeps them as attributes, and stock's model builds nothing from them (its masks, biases and checks)."""
+    if dataclasses.is_dataclass(config) and name not in {f.name for f in dataclasses.fields(config)}:
+        return default
+    return getattr(config, name, default)
+
+
 def check_llama_like(config: Any) -> None:
     """The rules of a Llama-like decoder (modeling/llama_like.py): sizes positive, heads of a width that divides
     (or a head_dim of its own), key/value heads dividing the query heads, a supported rope type, and a positive
@@ -60,10 +70,10 @@ def check_llama_like(config: Any) -> None:
         check_positive(config, "head_dim", "num_attention_heads")
     check_grouped_heads(config)
     check_rope_type((config.rope_parameters or {}).get("rope_type", "default"))
-    layer_types = getattr(config, "layer_types", None)
+    layer_types = declared(config, "layer_types")
     if layer_types is not None and len(layer_types) != config.num_hidden_layers:
         raise ValueError(f"layer_types has {len(layer_types)} entries for {config.num_hidden_layers} layers")
-    if getattr(config, "sliding_window", None) is not None:
+    if declared(config, "sliding_window") is not None:
         check_positive(config, "sliding_window")
     elif "sliding_attention" in (layer_types or ()):
         raise ValueError("layer_types has sliding_attention layers, and sliding_window is None")

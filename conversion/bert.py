@@ -5,7 +5,7 @@ from fivefold.modeling import bert as modeling
 
 from .architecture import Architecture
 from .inputs import text_sample
-from .keymap import KeyMap, legacy_norm_names, renames
+from .keymap import KeyMap, Rule, legacy_norm_names, renames
 
 # The encoder layout shared by BERT and RoBERTa: stock name under `bert.`/`roberta.` -> ours under `model.`.
 ENCODER_BASE = {
@@ -29,19 +29,25 @@ ENCODER_BASE = {
 BERT_HEADS = {
     "cls.predictions.transform.dense": "lm_head.dense",
     "cls.predictions.transform.LayerNorm": "lm_head.norm",
-    "cls.predictions.bias": "lm_head.decoder.bias",
     "cls.predictions.decoder.weight": "lm_head.decoder.weight",
-    "cls.predictions.decoder.bias": "lm_head.decoder.bias",
     "cls.seq_relationship": "nsp_head",
     "classifier": "classifier",
     "qa_outputs": "qa_outputs",
 }
 
-# The MLM head's bias has two stock names. Stock transformers (4.x) stored one tensor under `cls.predictions.bias`;
-# 5.x stores both, equal while the head is tied and apart once untied, and its model reads `decoder.bias`.
-MLM_BIAS_FALLBACK = ("cls.predictions.bias",)
 
-BERT_KEYS = KeyMap(renames(ENCODER_BASE), renames(BERT_HEADS, MLM_BIAS_FALLBACK), legacy=legacy_norm_names)
+def mlm_bias_rules(bias: str, decoder_bias: str, tied: bool) -> list[Rule]:
+    """The MLM head's bias, which stock keeps under two names: one tensor while the head is tied (saved as `bias`),
+    two once it is untied (both saved), and stock's model reads the decoder's. Read: the decoder's where the file
+    holds it, else the other. Written as stock 5 saves it, under `bias` while tied, `decoder.bias` once untied."""
+    ours = ("lm_head.decoder.bias",)
+    return [Rule((bias,), ours, fallback=True, import_only=not tied), Rule((decoder_bias,), ours, import_only=tied)]
+
+
+def bert_keys(config) -> KeyMap:
+    bias = mlm_bias_rules("cls.predictions.bias", "cls.predictions.decoder.bias", config.tie_word_embeddings)
+    return KeyMap(renames(ENCODER_BASE), [*renames(BERT_HEADS), *bias], legacy=legacy_norm_names)
+
 
 # A tiny stock config for the demo and tests (vocab 99, hidden 32, 2 layers, intermediate 37).
 TINY_TEXT_ENCODER = dict(
@@ -77,7 +83,7 @@ ARCHITECTURE = Architecture(
         "AutoModelForQuestionAnswering": modeling.FivefoldBertForQuestionAnswering,
         "AutoModelForMultipleChoice": modeling.FivefoldBertForMultipleChoice,
     },
-    keys=lambda config: BERT_KEYS,
+    keys=bert_keys,
     tiny=TINY_TEXT_ENCODER,
     public={"google-bert/bert-base-uncased": BERT_BASE_UNCASED},
     sample_inputs=text_sample,

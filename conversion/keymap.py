@@ -97,11 +97,9 @@ class Rule:
         return Rule(self.target, self.source, TRANSFORMS[self.transform].inverse_name)
 
 
-def renames(mapping: Mapping[str, str | None], fallbacks: Iterable[str] = ()) -> list[Rule]:
-    """{stock pattern: our pattern or None} as one-to-one rules; the stock patterns in `fallbacks` are read only
-    where no other rule writes their target (`Rule.fallback`)."""
-    fallbacks = set(fallbacks)
-    return [Rule((src,), None if dst is None else (dst,), fallback=src in fallbacks) for src, dst in mapping.items()]
+def renames(mapping: Mapping[str, str | None]) -> list[Rule]:
+    """{stock pattern: our pattern or None} as one-to-one rules."""
+    return [Rule((src,), None if dst is None else (dst,)) for src, dst in mapping.items()]
 
 
 def _pattern_regex(pattern: str) -> re.Pattern:
@@ -127,9 +125,11 @@ class Step:
 class Plan:
     steps: list[Step] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    # (source, kept source): a second stock name for a tensor already converted (e.g. a tied bias stored twice);
+    # (source, kept source): a second stock name for a tensor another rule already converts, neither a fallback;
     # the two must hold the same values.
     aliases: list[tuple[str, str]] = field(default_factory=list)
+    # The other stock name of a tensor a fallback rule would have read, where the checkpoint holds the preferred one.
+    unread: list[str] = field(default_factory=list)
 
     def target_shapes(self, source_shapes: Mapping[str, Shape]) -> dict[str, Shape]:
         out: dict[str, Shape] = {}
@@ -217,9 +217,9 @@ class KeyMap:
                     plan.aliases.extend(zip(sources, first.sources, strict=True))
                     continue
                 if rule.fallback:  # the other stock name is there, and stock's model reads that one
-                    plan.dropped.extend(sources)
+                    plan.unread.extend(sources)
                     continue
-                plan.dropped.extend(first.sources)
+                plan.unread.extend(first.sources)
                 plan.steps.remove(first)
             produced[targets] = (rule, step)
             plan.steps.append(step)

@@ -84,15 +84,15 @@ def with_variant(name: str, variant: str | None) -> str:
 
 
 def renamed_by(key_mapping: dict[str, str] | None) -> Callable[[str], str] | None:
-    """`from_pretrained(key_mapping=...)` as transformers applies it to stored names: each pattern substituted in
-    turn (`{"^backbone\\.": ""}` strips a prefix)."""
+    """`from_pretrained(key_mapping=...)` as transformers applies it to stored names: each pattern's first match
+    substituted, in turn (`{"^backbone\\.": ""}` strips a prefix)."""
     if not key_mapping:
         return None
     patterns = [(re.compile(pattern), replacement) for pattern, replacement in key_mapping.items()]
 
     def rename(key: str) -> str:
         for pattern, replacement in patterns:
-            key = pattern.sub(replacement, key)
+            key = pattern.sub(replacement, key, count=1)
         return key
 
     return rename
@@ -131,11 +131,9 @@ class CheckpointReader:
         return f"tensors {first!r} ({first_file}) and {stored!r} ({file.name}) are both renamed to {key!r}"
 
     def _weight_files(self) -> list[Path]:
-        formats = {None: ((SAFE_INDEX, SAFE_SINGLE), (BIN_INDEX, BIN_SINGLE)), True: ((SAFE_INDEX, SAFE_SINGLE),)}
-        names = [
-            (with_variant(index, self.variant), with_variant(single, self.variant))
-            for index, single in formats.get(self.use_safetensors, ((BIN_INDEX, BIN_SINGLE),))
-        ]
+        safetensors, pickled = (SAFE_INDEX, SAFE_SINGLE), (BIN_INDEX, BIN_SINGLE)
+        formats = {None: (safetensors, pickled), True: (safetensors,), False: (pickled,)}[self.use_safetensors]
+        names = [(with_variant(index, self.variant), with_variant(single, self.variant)) for index, single in formats]
         for index_name, _ in names:
             index = self.folder / index_name
             if index.is_file():

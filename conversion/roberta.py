@@ -4,22 +4,23 @@ from fivefold.configuration.roberta import FivefoldRobertaConfig
 from fivefold.modeling import roberta as modeling
 
 from .architecture import Architecture
-from .bert import ENCODER_BASE, TINY_TEXT_ENCODER
+from .bert import ENCODER_BASE, TINY_TEXT_ENCODER, mlm_bias_rules
 from .inputs import text_sample
 from .keymap import KeyMap, legacy_norm_names, renames
 
 ROBERTA_HEADS = {
     "lm_head.dense": "lm_head.dense",
     "lm_head.layer_norm": "lm_head.norm",
-    "lm_head.bias": "lm_head.decoder.bias",
     "lm_head.decoder.weight": "lm_head.decoder.weight",
-    "lm_head.decoder.bias": "lm_head.decoder.bias",
     "classifier": "classifier",  # classifier.dense / classifier.out_proj, or a single linear layer
     "qa_outputs": "qa_outputs",
 }
 
-# Its MLM bias has two stock names, as BERT's (`MLM_BIAS_FALLBACK`): stock's model reads `lm_head.decoder.bias`.
-ROBERTA_KEYS = KeyMap(renames(ENCODER_BASE), renames(ROBERTA_HEADS, ("lm_head.bias",)), legacy=legacy_norm_names)
+
+def roberta_keys(config) -> KeyMap:
+    bias = mlm_bias_rules("lm_head.bias", "lm_head.decoder.bias", config.tie_word_embeddings)
+    return KeyMap(renames(ENCODER_BASE), [*renames(ROBERTA_HEADS), *bias], legacy=legacy_norm_names)
+
 
 # FacebookAI/roberta-base's config.json: the fields that set its shapes.
 ROBERTA_BASE = dict(
@@ -48,7 +49,7 @@ ARCHITECTURE = Architecture(
         "AutoModelForQuestionAnswering": modeling.FivefoldRobertaForQuestionAnswering,
         "AutoModelForMultipleChoice": modeling.FivefoldRobertaForMultipleChoice,
     },
-    keys=lambda config: ROBERTA_KEYS,
+    keys=roberta_keys,
     tiny={**TINY_TEXT_ENCODER, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
     public={"FacebookAI/roberta-base": ROBERTA_BASE},
     sample_inputs=text_sample,

@@ -17,6 +17,7 @@ _TABLE = "_ENCODER_ONLY_MODELS"
 
 
 def add_rows(module: ModuleType) -> None:
+    """fivefold's row at the head of the table in sentence-transformers' module (one being imported)."""
     table = getattr(module, _TABLE, None)
     if not isinstance(table, list):
         return

@@ -130,6 +130,10 @@ class ImageEncoderModel(EncoderStack):
         attention_mask: torch.Tensor | None = None,  # [B, T], 1 = attend (rarely used: every patch is real)
         **kwargs,
     ) -> BaseModelOutputWithPooling:
+        if kwargs.pop("bool_masked_pos", None) is not None:  # stock's masked-image modelling, never silently ignored
+            raise ValueError(
+                "bool_masked_pos needs a mask token, which fivefold's ViT does not have (no ForMaskedImageModeling)"
+            )
         hidden = self.embeddings(pixel_values, bool(interpolate_pos_encoding))  # [B, T, C]
         check_attention_mask(attention_mask, hidden.shape[0], hidden.shape[1])
         hidden, pooled = self.encode(hidden, attention_mask, None, None, **kwargs)

@@ -6,9 +6,9 @@ An architecture's recipe is this builder with the parts it changes: attention fi
 norms) and, for a mixture of experts, the feed-forward of each layer.
 """
 
-import dataclasses
 from collections.abc import Callable
 
+from ..configuration.validation import declared
 from .attention import AttentionSpec
 from .block import BlockSpec
 from .embeddings import EmbeddingSpec
@@ -26,15 +26,6 @@ def decoder_heads(config) -> dict[str, HeadSpec]:
         "token_classification": HeadSpec(dropout=token_classifier_dropout(config), at="score"),
         "question_answering": HeadSpec(at="qa_outputs"),
     }
-
-
-def declared(config, name: str, default=None):
-    """`config.<name>` where the config's class declares that field, else `default`. A config.json may carry
-    fields of another architecture (a Llama converted from a Mistral keeps its `sliding_window`): transformers
-    keeps them as attributes, and stock's model never reads a field its config class does not declare."""
-    if dataclasses.is_dataclass(config) and name not in {f.name for f in dataclasses.fields(config)}:
-        return default
-    return getattr(config, name, default)
 
 
 def layer_window(config, layer_idx: int) -> int | None:

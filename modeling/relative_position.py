@@ -55,9 +55,10 @@ class RelativePositionBias(nn.Module):
         device: torch.device | None = None,
     ) -> torch.Tensor:
         """[1, H, T, S]. Queries are the `query_length` positions after `past_length` cached ones (a 0-d tensor
-        for a static cache, so that compiled decoding steps do not specialise on it). `device`: the activations';
-        the table's own may be `meta` until the call, where accelerate offloads it and loads it as it runs."""
-        device = device if device is not None else self.relative_attention_bias.weight.device
+        for a static cache, so that compiled decoding steps do not specialise on it). `device`: the activations',
+        taken where the table's own is `meta` (accelerate offloads it and loads it only as the lookup runs)."""
+        table = self.relative_attention_bias.weight.device
+        device = table if device is None or table.type != "meta" else device
         query_position = torch.arange(query_length, device=device)[:, None] + past_length  # [T, 1]
         key_position = torch.arange(key_length, device=device)[None, :]  # [1, S]
         buckets = relative_position_bucket(

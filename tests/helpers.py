@@ -147,9 +147,10 @@ class MetaConversion:
 
     @property
     def accounted(self) -> set[str]:
-        """The stock tensors the plan uses, drops on purpose or reads as a second name of one it uses."""
+        """The stock tensors the plan uses, drops on purpose, reads as a second name of one it uses, or leaves for
+        the name stock's model reads."""
         used = {s for step in self.plan.steps for s in step.sources}
-        return used | set(self.plan.dropped) | {alias for alias, _ in self.plan.aliases}
+        return used | set(self.plan.dropped) | {alias for alias, _ in self.plan.aliases} | set(self.plan.unread)
 
     @property
     def parameters(self) -> int:

@@ -111,6 +111,12 @@ def test_wrong_image_size_names_both_sizes(vit):
         vit(**image_inputs(vit.config, size=(48, 40)))
 
 
+def test_masked_patches_are_refused_not_ignored(vit):
+    """Stock's masked-image modelling (`bool_masked_pos`) needs a mask token that fivefold's ViT does not have."""
+    with pytest.raises(ValueError, match="bool_masked_pos needs a mask token"):
+        vit(**image_inputs(vit.config), bool_masked_pos=torch.zeros(2, 4, dtype=torch.bool))
+
+
 def test_wrong_channel_count(vit):
     with pytest.raises(ValueError, match="1 channels, the model expects 3"):
         vit(pixel_values=torch.randn(2, 1, 32, 32))
