@@ -22,16 +22,12 @@ def lora_target_modules() -> dict[str, list[str]]:
     return {arch.model_type: list(arch.lora_targets) for arch in ARCHITECTURES}
 
 
-def add_to(table: dict) -> None:
-    for model_type, targets in lora_target_modules().items():
-        table.setdefault(model_type, targets)
-
-
 def add_rows(module) -> None:
     """fivefold's rows in the table of PEFT's constants module (one being imported, maybe not yet complete)."""
     table = getattr(module, _TABLE, None)
     if isinstance(table, dict):
-        add_to(table)
+        for model_type, targets in lora_target_modules().items():
+            table.setdefault(model_type, targets)
 
 
 def register() -> None:
