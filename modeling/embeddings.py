@@ -71,12 +71,6 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str = "input
 
 
 @eager_only
-def check_no_token_types(token_type_ids: torch.Tensor) -> None:
-    if bool(token_type_ids.ne(0).any()):
-        raise ValueError("this model has no token types: token_type_ids must be absent or all zero")
-
-
-@eager_only
 def check_token_type_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> None:
     check_token_tensor(token_type_ids, "token_type_ids", dims=(1, 2))
     if token_type_ids.numel() and bool(((token_type_ids < 0) | (token_type_ids >= type_vocab_size)).any()):
@@ -152,8 +146,8 @@ class TokenEmbeddings(nn.Module):
             else:
                 check_token_type_ids(token_type_ids, self.token_type_embeddings.num_embeddings)
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and not self.spec.token_types_from_words:
-            check_no_token_types(token_type_ids)
+        # A model without token types ignores them, as stock's does: a tokenizer's or a dataset's column of them is
+        # no error (Trainer hands it over where the head names it; stock's heads take it into **kwargs).
         if self.position_embeddings is not None:
             if position_ids is None:
                 position_ids = self.position_ids(input_ids, batch, length, inputs_embeds.device)

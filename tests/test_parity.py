@@ -109,3 +109,26 @@ def test_forward_names_every_batch_column_stocks_does(arch, stock_name):
         return set(inspect.signature(cls.forward).parameters) & BATCH_COLUMNS
 
     assert named(getattr(transformers, stock_name)) <= named(arch.class_named(stock_name))
+
+
+# The base model of each architecture without a token-type table (BERT's and RoBERTa's have one, GPT-2 reads token
+# types from its word table, ViT reads pixels, T5's forward does not take them).
+WITHOUT_TOKEN_TYPES = [
+    pytest.param(arch, stock_class_name(next(iter(arch.models.values()))), id=arch.stock_model_type)
+    for arch in ARCHITECTURES
+    if arch.stock_model_type not in ("bert", "roberta", "vit", "gpt2", "t5")
+]
+
+
+@pytest.mark.parametrize(("arch", "stock_name"), WITHOUT_TOKEN_TYPES)
+def test_token_types_a_model_has_not_are_ignored_as_by_stock(converted, arch, stock_name):
+    """A batch column of token types (a pair tokenized by a tokenizer that marks segments, which Trainer hands
+    over where the forward names it) changes nothing, as for stock, where it used to be refused."""
+    src, dst = converted(arch.stock_model_type, stock_name)
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    ours = arch.class_named(stock_name).from_pretrained(dst).eval()
+    inputs = arch.sample_inputs(stock.config, stock_name, 0)
+    with_types = {**inputs, "token_type_ids": torch.ones_like(inputs["input_ids"])}
+    assert max(compare(stock, ours, with_types).values()) <= TOL
+    with torch.no_grad():
+        assert torch.equal(ours(**with_types).last_hidden_state, ours(**inputs).last_hidden_state)
