@@ -71,10 +71,10 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def causal_bool_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """[1, 1, T, S], True where query i may see key j (queries are the last T of S positions)."""
-    offset = k_len - q_len
-    q_pos = torch.arange(q_len, device=device)[:, None] + offset
-    return (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
+    """[1, 1, T, S], True where query i may see key j <= i: what a missing mask stands for under torch's `is_causal`
+    (queries aligned to the first keys). transformers passes no mask only where that is right: without a past, and
+    for a prefill into an empty static cache, whose free slots come after the prompt."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()[None, None]
 
 
 def eager_attention(

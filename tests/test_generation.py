@@ -1,7 +1,7 @@
 """generate() of every class that generates (GenerationMixin), for every architecture in the table: greedy, beam
 and sampled decoding of the architecture's batched, padded prompts token for token equal to stock, with the same
-scores; a prompt of one row without an attention mask; greedy decoding over a static cache. (Cached == uncached
-decoding: test_properties.py; T5 with the deeper decoder and the v1.1 flavour: test_t5.py.)"""
+scores; a prompt of one row without an attention mask; greedy decoding over a static cache, padded or not. (Cached
+== uncached decoding: test_properties.py; T5 with the deeper decoder and the v1.1 flavour: test_t5.py.)"""
 
 import pytest
 import torch
@@ -79,12 +79,14 @@ def test_generate_without_attention_mask_and_batch_of_one(pair, arch, cls):
     assert torch.equal(stock.generate(ids, **kwargs), ours.generate(ids, **kwargs))
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "one-row"])
 @pytest.mark.parametrize(("arch", "cls"), GENERATING)
-def test_generate_over_a_static_cache_matches_stock(pair, arch, cls):
+def test_generate_over_a_static_cache_matches_stock(pair, arch, cls, padded):
     """cache_implementation="static": generate hands the model a 4D mask over every slot of the cache (the
-    decoder's, for T5), and the positions come from the cache's counter."""
+    decoder's, for T5), and the positions come from the cache's counter. A prompt without padding is prefilled
+    under sdpa with no mask at all (torch's `is_causal`), the cache's free slots after it."""
     stock, ours = pair(arch, cls)
-    prompt = _prompt(arch, ours)
+    prompt = _prompt(arch, ours) if padded else {"input_ids": torch.tensor([[5, 17, 42, 8, 90]])}
     settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
     settings |= dict(return_dict_in_generate=True, output_scores=True)
     with torch.no_grad():
