@@ -7,6 +7,7 @@ Adding an architecture: its config, recipe and key-map files, and its name here 
 import importlib
 
 import transformers
+from transformers.models.auto import tokenization_auto
 
 from fivefold.conversion.architecture import Architecture, stock_class_name
 
@@ -47,6 +48,24 @@ def register(arch: Architecture) -> None:
         names = getattr(getattr(transformers, auto_name)._model_mapping, "_model_mapping", None)
         if isinstance(names, dict):
             names.setdefault(arch.model_type, model_class.__name__)
+    _tokenizers_as_for_stock(arch)
+
+
+def _tokenizers_as_for_stock(arch: Architecture) -> None:
+    """AutoTokenizer reads the fivefold model type as the stock one. It picks a tokenizer class by the config's
+    model type where `tokenizer_config.json` names none (bert-base-uncased, gpt2 and roberta-base ship so: a
+    fivefold folder otherwise got a bare tokenizer, without a mask or padding token), and it overrides the class the
+    file names for some types (Qwen2, ModernBERT)."""
+    names = tokenization_auto.TOKENIZER_MAPPING_NAMES
+    if arch.stock_model_type in names:
+        names.setdefault(arch.model_type, names[arch.stock_model_type])
+        # The mapping from config classes finds a class's model type by the class's name, and imports the tokenizer
+        # from that type's module: the stock one.
+        by_config_name = getattr(tokenization_auto.TOKENIZER_MAPPING, "_reverse_config_mapping", None)
+        if isinstance(by_config_name, dict):
+            by_config_name.setdefault(arch.config_class.__name__, arch.stock_model_type)
+    if arch.stock_model_type in tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS:
+        tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.add(arch.model_type)
 
 
 def architecture_for_config(config_class: type) -> Architecture:
