@@ -19,8 +19,9 @@ SELECTS_CODE = (
     "tokenizer_class",  # the tokenizer class AutoTokenizer builds when the tokenizer's own config is silent
     "processor_class",  # the same for processors
 )
-# Known to stock configs of v4 (pipelines read their prompts and generation defaults), plain data.
-_DATA_FIELDS = ("task_specific_params",)
+# Known to stock configs of v4, plain data: pipelines read their prompts and generation defaults (text-generation
+# puts `prefix` before every prompt), and a fine-tuned checkpoint names its task.
+_DATA_FIELDS = ("task_specific_params", "prefix", "finetuning_task")
 # Bookkeeping that fivefold writes itself.
 _REWRITTEN = ("transformers_version", "architectures", "model_type", "_name_or_path")
 

@@ -159,13 +159,15 @@ def test_config_fields_that_select_code_are_dropped(stock_checkpoint, tmp_path):
         "experts_implementation": "kernels-community/x",
     }
     unknown = {"note": "https://example.com/payload", "blob": {"class": "x.Y"}, "legacy_count": 3}
-    src = _bert_src_with(stock_checkpoint, tmp_path / "src", **selectors, **unknown)
+    data = {"prefix": "Summarize: ", "finetuning_task": "sst-2"}  # v4's strings, which pipelines read
+    src = _bert_src_with(stock_checkpoint, tmp_path / "src", **selectors, **unknown, **data)
     dst = fivefold.convert(src, tmp_path / "dst", progress=False)
     exported = fivefold.export(dst, tmp_path / "exported", progress=False)
     for folder in (dst, exported):
         written = json.loads((folder / "config.json").read_text())
         assert not set(selectors) & set(written) - {"auto_map"}, folder
         assert "note" not in written and "blob" not in written and written["legacy_count"] == 3
+        assert {k: written.get(k) for k in data} == data
     assert set(json.loads((dst / "config.json").read_text())["auto_map"]) >= {"AutoConfig", "AutoModel"}  # ours
     assert "auto_map" not in json.loads((exported / "config.json").read_text())
     model = fivefold.FivefoldBertForMaskedLM.from_pretrained(src)  # the stock folder, loaded directly
