@@ -161,3 +161,8 @@ class CrossAttention(Attention):
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
         return self.attend(query, key, value, attention_mask, **kwargs)
+
+
+# What stock's BERT, RoBERTa and GPT-2 record besides hidden states and attentions: their cross-attention layers'
+# maps, an empty tuple where no layer attends across. Their outputs have the field, and a tuple output the entry.
+CROSS_ATTENTIONS_RECORD = {"cross_attentions": CrossAttention}

@@ -5,7 +5,7 @@ The recipe maps the stock `BertConfig` fields onto shared parts; the classes bel
 """
 
 from ..configuration.bert import FivefoldBertConfig
-from .attention import AttentionSpec
+from .attention import CROSS_ATTENTIONS_RECORD, AttentionSpec
 from .block import BlockSpec
 from .embeddings import EmbeddingSpec
 from .encoder import EncoderModel, EncoderPreTrainedModel
@@ -83,6 +83,7 @@ def bert_recipe(config) -> Recipe:
 class FivefoldBertPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldBertConfig
     recipe = staticmethod(bert_recipe)
+    _can_record_outputs = {**EncoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 
 
 class FivefoldBertModel(FivefoldBertPreTrainedModel, EncoderModel):

@@ -77,6 +77,8 @@ class EncoderStack(EncoderPreTrainedModel, Stack):
 class EncoderModel(EncoderStack):
     """Text: input_ids (or embeddings) -> token embeddings -> the stack."""
 
+    output_class = BaseModelOutputWithPoolingAndCrossAttentions  # stock's, per architecture
+
     @clears_stale_capture
     @capture_outputs
     def forward(
@@ -111,7 +113,9 @@ class EncoderModel(EncoderStack):
             )
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # [B, T, C] or [1, N, C]
         hidden, pooled = self.encode(hidden, attention_mask, position_ids, packed, documents, **kwargs)
-        return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=hidden, pooler_output=pooled)
+        if "pooler_output" not in self.output_class.__dataclass_fields__:  # no pooler: ModernBERT's BaseModelOutput
+            return self.output_class(last_hidden_state=hidden)
+        return self.output_class(last_hidden_state=hidden, pooler_output=pooled)
 
 
 class ImageEncoderModel(EncoderStack):

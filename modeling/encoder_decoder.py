@@ -295,9 +295,7 @@ class EncoderOnlyModel(EncoderDecoderBase):
         attention_mask: torch.Tensor | None = None,  # [B, S]
         inputs_embeds: torch.Tensor | None = None,  # [B, S, C]
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
         kwargs.pop("return_dict", None)
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
-        return BaseModelOutput(
-            last_hidden_state=out.last_hidden_state, hidden_states=out.hidden_states, attentions=out.attentions
-        )
+        # The encoder stack's own output, as stock returns it: its cross-attentions an empty tuple when asked for.
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)

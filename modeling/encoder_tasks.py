@@ -169,7 +169,8 @@ class EncoderForSequenceClassification(EncoderTaskModel):
         check_labels("labels", labels, *shapes, integer=False)  # regression and multi-label targets are scores
         num_items = kwargs.pop("num_items_in_batch", None)
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        logits = self.run_head("sequence_classification", out.last_hidden_state, attention_mask, out.pooler_output)
+        pooled = getattr(out, "pooler_output", None)  # None: no pooler (ModernBERT's output has no such field)
+        logits = self.run_head("sequence_classification", out.last_hidden_state, attention_mask, pooled)
         loss = sequence_classification_loss(logits, labels, self.config, num_items) if labels is not None else None
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
@@ -202,7 +203,8 @@ class EncoderForMultipleChoice(EncoderTaskModel):
         out = self.encode(
             flat(input_ids, 1), mask, flat(token_type_ids, 1), flat(position_ids, 1), flat(inputs_embeds, 2), kwargs
         )
-        scores = self.run_head("multiple_choice", out.last_hidden_state, mask, out.pooler_output)  # [B * M, 1]
+        pooled = getattr(out, "pooler_output", None)
+        scores = self.run_head("multiple_choice", out.last_hidden_state, mask, pooled)  # [B * M, 1]
         logits = scores.view(-1, choices)  # [B, M]
         loss = cross_entropy(logits, labels, num_items) if labels is not None else None
         return MultipleChoiceModelOutput(

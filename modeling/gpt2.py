@@ -6,8 +6,11 @@ The recipe maps the stock `GPT2Config` fields onto shared parts; the classes bel
 
 import math
 
+import torch
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
+
 from ..configuration.gpt2 import FivefoldGPT2Config
-from .attention import AttentionSpec
+from .attention import CROSS_ATTENTIONS_RECORD, AttentionSpec
 from .block import BlockSpec
 from .decoder import (
     DecoderForCausalLM,
@@ -79,6 +82,7 @@ def gpt2_recipe(config) -> Recipe:
 class FivefoldGPT2PreTrainedModel(DecoderPreTrainedModel):
     config: FivefoldGPT2Config
     recipe = staticmethod(gpt2_recipe)
+    _can_record_outputs = {**DecoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 
     def post_init(self) -> None:
         # GPT-2's scheme: the projections writing into the residual stream start smaller, by 1/sqrt(2 n_layer).
@@ -88,11 +92,15 @@ class FivefoldGPT2PreTrainedModel(DecoderPreTrainedModel):
 
 
 class FivefoldGPT2Model(FivefoldGPT2PreTrainedModel, DecoderModel):
-    pass
+    output_class = BaseModelOutputWithPastAndCrossAttentions
 
 
 class FivefoldGPT2LMHeadModel(FivefoldGPT2PreTrainedModel, DecoderForCausalLM):
     base_model_class = FivefoldGPT2Model
+    output_class = CausalLMOutputWithCrossAttentions
+
+    def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[None, dict]:
+        return None, {"cross_attentions": outputs.cross_attentions}
 
 
 class FivefoldGPT2ForSequenceClassification(FivefoldGPT2PreTrainedModel, DecoderForSequenceClassification):

@@ -8,6 +8,8 @@ mean of the real tokens (`classifier_pooling`).
 
 import math
 
+from transformers.modeling_outputs import BaseModelOutput
+
 from ..configuration.modernbert import FivefoldModernBertConfig
 from .attention import AttentionSpec
 from .block import BlockSpec
@@ -116,7 +118,7 @@ class FivefoldModernBertPreTrainedModel(EncoderPreTrainedModel):
 
 
 class FivefoldModernBertModel(FivefoldModernBertPreTrainedModel, EncoderModel):
-    pass
+    output_class = BaseModelOutput
 
 
 class FivefoldModernBertForMaskedLM(FivefoldModernBertPreTrainedModel, EncoderForMaskedLM):

@@ -30,7 +30,8 @@ def sparse_layer(config, layer_idx: int) -> bool:
 class MoEDecoderPreTrainedModel(DecoderPreTrainedModel):
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
     _no_split_modules = ["TokenEmbeddings", "Attention", "GatedFeedForward"]
-    _can_record_outputs = {"hidden_states": Block, "attentions": Attention, "router_logits": RouterLogits}
+    # In stock's order, which a tuple output (`return_dict=False`) follows: the router logits first.
+    _can_record_outputs = {"router_logits": RouterLogits, "hidden_states": Block, "attentions": Attention}
 
 
 class MoEDecoderModel(DecoderModel):

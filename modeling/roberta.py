@@ -4,6 +4,7 @@ classifier on the first token (dropout -> dense -> tanh -> dropout -> out_proj).
 import dataclasses
 
 from ..configuration.roberta import FivefoldRobertaConfig
+from .attention import CROSS_ATTENTIONS_RECORD
 from .bert import bert_recipe, classifier_dropout
 from .encoder import EncoderModel, EncoderPreTrainedModel
 from .encoder_tasks import (
@@ -46,6 +47,7 @@ def roberta_recipe(config) -> Recipe:
 class FivefoldRobertaPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldRobertaConfig
     recipe = staticmethod(roberta_recipe)
+    _can_record_outputs = {**EncoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 
 
 class FivefoldRobertaModel(FivefoldRobertaPreTrainedModel, EncoderModel):

@@ -1,7 +1,8 @@
 """Every head of every architecture in the table against its stock class on the same weights, on the architecture's
 sample inputs (text: a ragged padded batch; images: a batch at the native size), fp32, logits and all hidden
 states within 1e-4; the losses of every sequence or image classifier for each problem type; config fields that
-stock's config class does not declare, which stock ignores; and the batch columns each forward names. What only
+stock's config class does not declare, which stock ignores; the batch columns each forward names; token types a
+model has not; and the class, fields and tuple order of every output. What only
 one architecture has is tested in its own file (test_bert_family.py, test_gpt2.py, ...)."""
 
 import inspect
@@ -132,3 +133,28 @@ def test_token_types_a_model_has_not_are_ignored_as_by_stock(converted, arch, st
     assert max(compare(stock, ours, with_types).values()) <= TOL
     with torch.no_grad():
         assert torch.equal(ours(**with_types).last_hidden_state, ours(**inputs).last_hidden_state)
+
+
+@pytest.mark.parametrize(("arch", "stock_name"), HEADS)
+def test_outputs_have_stocks_class_fields_and_tuple_order(converted, arch, stock_name):
+    """What code reads off an output besides the numbers: its class (`isinstance`), its fields (`cross_attentions`
+    on GPT-2, an empty tuple), and the order of `return_dict=False`'s tuple (MoE router logits second)."""
+    src, dst = converted(arch.stock_model_type, stock_name)
+    stock = getattr(transformers, stock_name).from_pretrained(src, attn_implementation="eager").eval()
+    ours = arch.class_named(stock_name).from_pretrained(dst, attn_implementation="eager").eval()
+    inputs = arch.sample_inputs(stock.config, stock_name, 0)
+    asked = dict(output_attentions=True, output_hidden_states=True)
+    if hasattr(stock.config, "output_router_logits"):  # a mixture of experts
+        asked["output_router_logits"] = True
+    with torch.no_grad():
+        want, got = stock(**inputs, **asked), ours(**inputs, **asked)
+        want_tuple, got_tuple = stock(**inputs, **asked, return_dict=False), ours(**inputs, **asked, return_dict=False)
+    assert type(got).__name__ == type(want).__name__
+    assert list(got.keys()) == list(want.keys())
+    assert len(got_tuple) == len(want_tuple)
+    for w, g in zip(want_tuple, got_tuple, strict=True):
+        assert type(g) is type(w)
+        if isinstance(w, torch.Tensor):
+            assert g.shape == w.shape
+        elif isinstance(w, tuple):
+            assert len(g) == len(w)
