@@ -36,7 +36,8 @@ from .stack import Recipe, Stack
 from .tasks import TaskModel
 from .tracing import clears_stale_capture, without_branches
 
-logger = logging.get_logger(__name__)
+# Under transformers' logger, so that its verbosity (`set_verbosity_error`) silences these as it does stock's.
+logger = logging.get_logger(f"transformers.{__name__}")
 
 # transformers 5.24 renamed the output field `past_key_values` to `cache`; write whichever this version has.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -73,7 +74,12 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         self.embeddings.check_inputs(input_ids, inputs_embeds)
-        kwargs.pop("output_attentions", None)  # read by capture_outputs; the kernels must not see them
+        if kwargs.pop("output_attentions", None) and self.config._attn_implementation == "sdpa":  # the kernels must
+            # not see it (capture_outputs reads it), so the warning stock's sdpa kernel gives is given here
+            logger.warning_once(
+                "`sdpa` attention does not support `output_attentions=True`. Please set your attention to `eager` if "
+                "you want any of these features."
+            )
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if self.training and torch.is_grad_enabled() and self.checkpointing():

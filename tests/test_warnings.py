@@ -1,0 +1,47 @@
+"""fivefold's own warnings as transformers gives stock's: the same message where stock's kernel would give it, and
+under transformers' logger, whose verbosity (`transformers.logging.set_verbosity_error()`) silences them."""
+
+import pytest
+import torch
+import transformers
+from transformers.testing_utils import CaptureLogger
+
+from fivefold.architectures import architecture_for_model_type
+from fivefold.modeling import decoder
+
+
+@pytest.fixture
+def fresh_warnings():
+    """Warnings shown (the suite's conftest silences them), and `warning_once`, which remembers what it said in this
+    process, starting with nothing said."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    decoder.logger.warning_once.cache_clear()
+    yield
+    decoder.logger.warning_once.cache_clear()
+    transformers.logging.set_verbosity(verbosity)
+
+
+def _model(converted, stock_name: str, attn: str):
+    _, dst = converted("llama", stock_name)
+    return architecture_for_model_type("llama").class_named(stock_name).from_pretrained(dst, attn_implementation=attn)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_attentions_asked_of_sdpa_warn_as_stocks_kernel_does(converted, fresh_warnings, attn):
+    model = _model(converted, "LlamaForCausalLM", attn).eval()
+    with CaptureLogger(decoder.logger) as captured, torch.no_grad():
+        out = model(torch.tensor([[5, 17, 42, 8]]), output_attentions=True)
+    warned = "`sdpa` attention does not support `output_attentions=True`" in captured.out
+    assert warned == (attn == "sdpa") and len(out.attentions) == (0 if attn == "sdpa" else 2)
+
+
+def test_transformers_verbosity_silences_fivefolds_warnings(converted, fresh_warnings):
+    model = _model(converted, "LlamaForSequenceClassification", "sdpa").eval()
+    embeds = model.get_input_embeddings()(torch.tensor([[5, 17, 42, 8]]))
+    for level, heard in ((transformers.logging.WARNING, True), (transformers.logging.ERROR, False)):
+        transformers.logging.set_verbosity(level)
+        decoder.logger.warning_once.cache_clear()
+        with CaptureLogger(decoder.logger) as captured, torch.no_grad():
+            model(inputs_embeds=embeds)
+        assert ("will not detect padding tokens in `inputs_embeds`" in captured.out) == heard
