@@ -24,6 +24,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.utils import DUMMY_INPUTS, DUMMY_MASK
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -75,6 +76,12 @@ class EncoderDecoderPreTrainedModel(FivefoldPreTrainedModel):
     @staticmethod
     def recipe(config) -> EncoderDecoderRecipe:
         raise NotImplementedError("an encoder-decoder architecture defines recipe(config)")
+
+    @property
+    def dummy_inputs(self) -> dict[str, torch.Tensor]:
+        """Inputs a forward takes, the decoder's included, as stock's T5 gives them (tracing tools read them)."""
+        ids = torch.tensor(DUMMY_INPUTS)
+        return {"decoder_input_ids": ids, "input_ids": ids, "decoder_attention_mask": torch.tensor(DUMMY_MASK)}
 
 
 class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):

@@ -409,3 +409,14 @@ def test_text_generation_pipeline_takes_the_conditional_generation_class_as_stoc
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.splitlines()[-1]) == ["FivefoldT5ForConditionalGeneration", expected]
+
+
+@pytest.mark.parametrize("stock_class", ["T5Model", "T5ForConditionalGeneration", "T5EncoderModel"])
+def test_dummy_inputs_run_as_stocks(stock_class, tmp_path):
+    src = build_stock_checkpoint("t5", stock_class, tmp_path / "stock")
+    stock = getattr(transformers, stock_class).from_pretrained(src).eval()
+    ours = ARCH.class_named(stock_class).from_pretrained(fivefold.convert(src, tmp_path / "ff", progress=False)).eval()
+    listed = [{k: v.tolist() for k, v in model.dummy_inputs.items()} for model in (ours, stock)]
+    assert listed[0] == listed[1]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**ours.dummy_inputs)[0], stock(**stock.dummy_inputs)[0], atol=TOL, rtol=0)
