@@ -20,8 +20,10 @@ SELECTS_CODE = (
     "processor_class",  # the same for processors
 )
 # Known to stock configs of v4, plain data: pipelines read their prompts and generation defaults (text-generation
-# puts `prefix` before every prompt), and a fine-tuned checkpoint names its task.
-_DATA_FIELDS = ("task_specific_params", "prefix", "finetuning_task")
+# puts `prefix` before every prompt), a fine-tuned checkpoint names its task, and `rope_scaling` is how the Hub's
+# checkpoints spell their rope (Llama 3.1 and 3.2, gpt-oss, Qwen2.5's yarn), which the config class reads into
+# `rope_parameters`.
+_DATA_FIELDS = ("task_specific_params", "prefix", "finetuning_task", "rope_scaling")
 # Bookkeeping that fivefold writes itself.
 _REWRITTEN = ("transformers_version", "architectures", "model_type", "_name_or_path")
 
@@ -46,3 +48,9 @@ def _plain_data(value: object) -> bool:
     if isinstance(value, list):
         return all(_plain_data(v) for v in value)
     return value is None or isinstance(value, bool | int | float)
+
+
+def without_code_selectors(fields: dict) -> dict:
+    """A config.json's fields less those that select code: what `verify` builds stock's model from, so that a field
+    the conversion drops (an unknown one among them) shows as a difference rather than being dropped on both sides."""
+    return {k: v for k, v in fields.items() if k not in SELECTS_CODE}

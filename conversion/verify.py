@@ -7,7 +7,7 @@ import transformers
 from transformers.core_model_loading import revert_weight_conversion
 
 from .hub import HubRef
-from .sanitize import kept_fields
+from .sanitize import without_code_selectors
 from .source import architecture_of, model_class_of, read_config, resolve_source
 from .validation import our_prefix
 
@@ -69,8 +69,8 @@ def verify(
     architecture_of(our_cfg, dst_folder, want_stock=False)
     ours_cls = model_class_of(arch, our_cfg, dst_folder)
     stock_cls = getattr(transformers, model_class_of(arch, stock_cfg, src_folder).__name__.removeprefix("Fivefold"))
-    # SRC's own config.json may name kernels or quantisers to fetch: the stock model gets the sanitised fields.
-    stock_config = stock_cls.config_class.from_dict(kept_fields(arch.config_class, stock_cfg))
+    # SRC's own config.json may name kernels or quantisers to fetch: the stock model gets every field but those.
+    stock_config = stock_cls.config_class.from_dict(without_code_selectors(stock_cfg))
     stock = stock_cls.from_pretrained(src_folder, config=stock_config, dtype=torch.float32).eval()
     ours, info = ours_cls.from_pretrained(dst_folder, dtype=torch.float32, output_loading_info=True)
     share_fresh_tensors(arch, stock, ours.eval(), set(info["missing_keys"]))

@@ -2,15 +2,19 @@
 sample inputs (text: a ragged padded batch; images: a batch at the native size), fp32, logits and all hidden
 states within 1e-4; the losses of every sequence or image classifier for each problem type; config fields that
 stock's config class does not declare, which stock ignores; the batch columns each forward names; token types a
-model has not; and the class, fields and tuple order of every output. What only
-one architecture has is tested in its own file (test_bert_family.py, test_gpt2.py, ...)."""
+model has not; the class, fields and tuple order of every output; and the rope as the Hub's checkpoints spell it
+(`rope_scaling`), converted, loaded directly and verified. What only one architecture has is tested in its own
+file (test_bert_family.py, test_gpt2.py, ...)."""
 
 import inspect
+import json
+import shutil
 
 import pytest
 import torch
 import transformers
 
+import fivefold
 from fivefold.architectures import ARCHITECTURES, architecture_for_model_type, stock_class_name
 from fivefold.conversion.verify import compare
 
@@ -158,3 +162,35 @@ def test_outputs_have_stocks_class_fields_and_tuple_order(converted, arch, stock
             assert g.shape == w.shape
         elif isinstance(w, tuple):
             assert len(g) == len(w)
+
+
+# The rope as the Hub's checkpoints spell it: `rope_scaling` beside a top-level `rope_theta` (Llama 3.1 and 3.2,
+# gpt-oss, Qwen2.5's yarn), which 5.x config classes read into `rope_parameters`. Shrunk: the sample inputs run
+# past the original length.
+LEGACY_ROPE = [
+    ("llama", "LlamaForCausalLM", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 4}),
+    ("gpt_oss", "GptOssForCausalLM", {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 4}),
+    ("qwen2", "Qwen2ForCausalLM", {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model_type", "stock_name", "scaling"), LEGACY_ROPE, ids=[c[0] for c in LEGACY_ROPE])
+def test_rope_scaling_as_the_hubs_checkpoints_spell_it(stock_checkpoint, tmp_path, model_type, stock_name, scaling):
+    src = stock_checkpoint(model_type, stock_name)
+    legacy = tmp_path / "stock"
+    shutil.copytree(src, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    (legacy / "config.json").write_text(json.dumps({**config, "rope_theta": 10000.0, "rope_scaling": scaling}))
+    dst = fivefold.convert(legacy, tmp_path / "fivefold", progress=False)
+    attn = "eager" if model_type == "gpt_oss" else "sdpa"  # stock gpt-oss has no sdpa
+    stock = getattr(transformers, stock_name).from_pretrained(legacy, attn_implementation=attn).eval()
+    assert stock.config.rope_parameters["rope_type"] != "default"
+    arch = architecture_for_model_type(model_type)
+    inputs = arch.sample_inputs(stock.config, stock_name, 0)
+    for folder in (dst, legacy):
+        ours = arch.class_named(stock_name).from_pretrained(folder, attn_implementation=attn).eval()
+        assert max(compare(stock, ours, inputs).values()) <= TOL
+    assert max(fivefold.verify(legacy, dst).values()) <= TOL
