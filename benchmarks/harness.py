@@ -121,15 +121,25 @@ def alternate(contenders: dict[Key, Callable[[], object]], runs: int) -> dict[Ke
     return {key: Timing(tuple(s)) for key, s in seconds.items()}
 
 
+# The instructions a figure may depend on that `get_cpu_capability()` does not name (it says AVX512 on a CPU with
+# AMX too): bf16 and int8 dot products, and AMX's tiles.
+CPU_FEATURES = ("avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16", "amx_int8")
+
+
 def machine_line(details: str) -> str:
-    """The report's first line: the machine and the versions measured, then the script's `details`."""
+    """The report's first line: the machine, its instruction set and the versions measured, then the script's
+    `details`."""
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = re.search(r"model name\s*:\s*(.*)", f.read())[1]
+            info = f.read()
+        cpu = re.search(r"model name\s*:\s*(.*)", info)[1]
+        flags = set(re.search(r"flags\s*:\s*(.*)", info)[1].split())
     except (OSError, TypeError):  # not Linux, or no model name in it
-        cpu = platform.processor() or "unknown CPU"
+        cpu, flags = platform.processor() or "unknown CPU", set()
+    features = ", ".join(f for f in CPU_FEATURES if f in flags) or "none of " + ", ".join(CPU_FEATURES)
     return (
         f"machine: {cpu} ({platform.machine()}), {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()};"
+        f" capability {torch.backends.cpu.get_cpu_capability()} ({features});"
         f" torch {torch.__version__}, transformers {transformers.__version__}, fivefold {fivefold.__version__};"
         f" {details}"
     )

@@ -267,9 +267,8 @@ def main() -> None:
     for option, (_, quick) in DECODING.items():
         if args.quick:
             setattr(args, option.replace("-", "_"), quick)
-    capability = torch.backends.cpu.get_cpu_capability()
     lines = [
-        machine_line(f"CPU capability {capability}; int8 decoding kernel {'on' if int8.INT8PACK_ON else 'off'}"),
+        machine_line(f"int8 decoding kernel {'on' if int8.INT8PACK_ON else 'off'}"),
         f"greedy, batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, median of {args.runs}",
     ]
     bandwidth = read_bandwidth(0.125 if args.quick else 1.0)
