@@ -108,6 +108,9 @@ class EncoderModel(EncoderStack):
             position_ids = self.embeddings.position_ids(input_ids, batch, length, device)  # [B, T]
         if packed is None and unpads(self.config, attention_mask):  # [B, T, ...] -> [1, N, ...] up to the output
             packed = PackedSequences.from_mask(attention_mask)
+            if input_ids is not None:  # looked up padded: a hook on the table (NEFTune's noise, sized by the
+                # output's shape; PEFT's) sees stock's [B, T, C] and draws what it draws there
+                input_ids, inputs_embeds = None, self.embeddings.word_embeddings(input_ids)  # [B, T, C]
             input_ids, token_type_ids, position_ids, inputs_embeds = (
                 packed.unpad(x) for x in (input_ids, token_type_ids, position_ids, inputs_embeds)
             )

@@ -77,6 +77,30 @@ def test_unpadded_equals_padded_forward_and_gradients(converted, model_type):
 
 
 @pytest.mark.parametrize("model_type", ENCODERS)
+def test_a_hook_on_the_word_embeddings_sees_the_padded_layout(converted, model_type):
+    """NEFTune (Trainer's `neftune_noise_alpha`) hooks the input embeddings and sizes its noise by their output's
+    shape: the table is looked up before the batch is unpadded, so the noise is stock's, draw for draw."""
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    padded, unpadded = _models(converted, model_type)
+    inputs = _batches(padded.config)["ragged"]
+    outputs = []
+    for model in (padded, unpadded):
+        table, seen = model.get_input_embeddings(), []
+        table.neftune_noise_alpha = 5.0
+        hooks = [table.register_forward_hook(neftune_post_forward_hook)]
+        hooks.append(table.register_forward_hook(lambda module, args, out, seen=seen: seen.append(tuple(out.shape))))
+        torch.manual_seed(0)
+        with torch.no_grad():
+            outputs.append(model(**inputs).last_hidden_state)
+        assert seen == [(*inputs["input_ids"].shape, padded.config.hidden_size)]
+        for hook in hooks:
+            hook.remove()
+    real = inputs["attention_mask"].bool()
+    assert (outputs[0] - outputs[1])[real].abs().max() <= TOL
+
+
+@pytest.mark.parametrize("model_type", ENCODERS)
 def test_gradient_checkpointing_and_a_training_step(converted, model_type):
     padded, unpadded = _models(converted, model_type)
     inputs = _batches(padded.config)["ragged"]
