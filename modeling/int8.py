@@ -21,7 +21,7 @@ search and rounding run as a dozen Python-level ops per call, and on a CPU with 
 activations to uint8 and sums the whole weight again for the correction. `int8_dynamic_linear` runs the same
 arithmetic in a few ops (the same scales, roundings and sums: results equal torchao's bit for bit); MiniLM's full
 8 x 128 batch takes 192 ms on torchao's path and 58-66 ms on this one (Zen 4, AVX-512 VNNI, 2 threads), the fp32
-model 149.
+model 149. Where oneDNN's quantized linear multiplies exactly, the products go through it (onednn_int8.py).
 
 torchao is never imported: its weights are recognised by what they hold.
 
@@ -34,6 +34,7 @@ import weakref
 
 import torch
 
+from .onednn_int8 import exact_int8_sums, qlinear_on, unsigned
 from .operand_weights import operand_int8_product, operand_weights
 
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
@@ -290,9 +291,10 @@ def int8_dynamic_linears(
         parts.append(found)
     rows = x.reshape(-1, x.shape[-1])  # [N, C]
     q, scale = _quantize_rows(rows)
+    shifted = unsigned(q, _scratch("unsigned", rows.shape, torch.uint8)) if qlinear_on() else None
     outputs = []
     for (qdata, w_scale), (_, bias) in zip(parts, layers, strict=True):
-        y = _int8_product(q, scale, qdata, w_scale, bias)
+        y = _int8_product(q, shifted, scale, qdata, w_scale, bias)
         outputs.append(y.reshape(*x.shape[:-1], qdata.shape[0]))
     return outputs
 
@@ -309,12 +311,20 @@ def _quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _int8_product(
-    q: torch.Tensor, scale: torch.Tensor, qdata: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+    q: torch.Tensor,
+    shifted: torch.Tensor | None,
+    scale: torch.Tensor,
+    qdata: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """q [N, C] int8 (rows scaled by scale [N, 1]) by qdata [O, C] int8 (rows scaled by w_scale [O]) + bias ->
-    [N, O] fp32."""
-    sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
-    y = sums.to(torch.float32).mul_(scale).mul_(w_scale if w_scale.dtype == torch.float32 else w_scale.float())
+    """q [N, C] int8 (rows scaled by scale [N, 1]; `shifted`, the same as uint8 + 128, or None) by qdata [O, C] int8
+    (rows scaled by w_scale [O]) + bias -> [N, O] fp32."""
+    y = exact_int8_sums(shifted, qdata) if shifted is not None else None  # oneDNN's, where exact (onednn_int8.py)
+    if y is None:
+        sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))
+        y = sums.to(torch.float32)  # [N, O]
+    y = y.mul_(scale).mul_(w_scale if w_scale.dtype == torch.float32 else w_scale.float())
     if bias is not None:
         y += bias
     return y

@@ -1,0 +1,60 @@
+"""Dynamic int8's products through oneDNN's quantized linear (modeling/onednn_int8.py): the fp32 sums equal
+`torch._int_mm`'s on every shape, the worst case included, where the kernel is exact; a kernel that is not (16-bit
+pairs that saturate, on CPUs without VNNI or AMX) is found out and left off; a dynamic int8 model takes it."""
+
+import pytest
+import torch
+import transformers
+
+from fivefold.modeling import onednn_int8
+from fivefold.modeling.onednn_int8 import exact_int8_sums, qlinear_exact, unsigned
+from fivefold.modeling.quantization import quantized_modules
+
+needs_exact_kernel = pytest.mark.skipif(
+    not qlinear_exact(), reason="oneDNN's u8 x s8 kernel is not exact on this CPU (no VNNI or AMX), so it stays off"
+)
+
+
+@needs_exact_kernel
+@pytest.mark.parametrize(("rows", "width", "outputs"), [(1, 16, 8), (7, 33, 5), (3, 1, 1), (64, 384, 96), (0, 16, 8)])
+def test_sums_equal_int_mm(rows, width, outputs):
+    gen = torch.Generator().manual_seed(rows + width)
+    q = torch.randint(-128, 128, (rows, width), dtype=torch.int8, generator=gen)
+    weight = torch.randint(-128, 128, (outputs, width), dtype=torch.int8, generator=gen)
+    q[:, :2], weight[: outputs // 2, :2] = -128, 127  # the extremes: pairs of products past 16 bits
+    expected = torch._int_mm(q, weight.t()).to(torch.float32) if rows else torch.zeros(0, outputs)
+    assert torch.equal(exact_int8_sums(unsigned(q), weight), expected)
+
+
+def test_a_kernel_that_saturates_is_left_off(monkeypatch):
+    real = onednn_int8._qlinear
+
+    def saturating(q_unsigned, packed, rows):  # what 16-bit pair sums would give on the worst case
+        return real(q_unsigned, packed, rows).clamp(-(2**15), 2**15 - 1)
+
+    monkeypatch.setattr(onednn_int8, "_qlinear", saturating)
+    onednn_int8.qlinear_exact.cache_clear()
+    try:
+        assert not onednn_int8.qlinear_exact()
+        q, weight = torch.zeros(2, 16, dtype=torch.int8), torch.ones(4, 16, dtype=torch.int8)
+        assert exact_int8_sums(unsigned(q), weight) is None
+    finally:
+        onednn_int8.qlinear_exact.cache_clear()
+
+
+@needs_exact_kernel
+def test_a_dynamic_int8_model_takes_the_kernel(converted, monkeypatch):
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    _, folder = converted("bert", "BertModel")
+    config = transformers.TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+    model = transformers.AutoModel.from_pretrained(folder, quantization_config=config).eval()
+    ids = torch.randint(5, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert qlinear_exact()  # checked before counting (its check runs the kernel once)
+    calls, real = [], onednn_int8._qlinear
+    monkeypatch.setattr(onednn_int8, "_qlinear", lambda *args: calls.append(1) or real(*args))
+    with torch.no_grad():
+        got = model(ids).last_hidden_state
+        monkeypatch.setattr(onednn_int8, "ON", False)
+        expected = model(ids).last_hidden_state  # through torch._int_mm
+    assert len(calls) == len(quantized_modules(model)) and torch.equal(got, expected)  # every linear, the pooler's too
