@@ -11,7 +11,9 @@ import functools
 # Fields a config.json may carry that choose what runs rather than what is computed (docs/errors.md says why).
 SELECTS_CODE = (
     "attn_implementation",  # a Hub kernel repo ("kernels-community/x") is downloaded and imported by name
+    "_attn_implementation",  # the same, under the name configs keep it (the config's constructor applies it)
     "experts_implementation",  # the same, for mixture-of-experts kernels
+    "_experts_implementation",
     "auto_map",  # classes in shipped code or in another Hub repo, run with trust_remote_code=True
     "custom_pipelines",  # pipeline classes in shipped code
     "trust_remote_code",  # a load option, not a property of the model

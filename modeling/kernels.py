@@ -35,6 +35,7 @@ from transformers.masking_utils import (
     create_sliding_window_causal_mask,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .batching import is_paged, paged_masks
@@ -44,6 +45,19 @@ from .tracing import tracing, tracing_for_export
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
 UNPADDED_KERNELS = ("sdpa",)
+
+# Under transformers' logger, so that its verbosity silences these as it does stock's.
+logger = logging.get_logger(f"transformers.{__name__}")
+
+
+def warn_no_attention_weights(config) -> None:
+    """What transformers' sdpa kernel says when asked for attention weights, said where fivefold's own kernels run
+    instead of it (unpadded sequences) or never see the request (decoders)."""
+    if config._attn_implementation == "sdpa":
+        logger.warning_once(
+            "`sdpa` attention does not support `output_attentions=True`. Please set your attention to `eager` if "
+            "you want any of these features."
+        )
 
 
 def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, cached: bool = False) -> None:
@@ -127,6 +141,8 @@ def packed_attention(
     """Variable-length attention over packed sequences -> ([1, N, H, D], no weights): flash-attention's varlen
     kernel when a flash implementation is selected, otherwise sdpa per sequence, in blocks of queries under a sliding
     window (`PackedSequences.attention_blocks`; measured fastest on CPU, see benchmarks/encoders.py)."""
+    if kwargs.get("output_attentions"):
+        warn_no_attention_weights(module.config)
     implementation = module.config._attn_implementation
     if is_flash_attention_requested(requested_attention_implementation=implementation):
         return ALL_ATTENTION_FUNCTIONS[implementation](

@@ -21,33 +21,40 @@ import torch
 
 _OPS = getattr(torch.ops, "onednn", None)
 # False: every product through `torch._int_mm`. The packed weights are a copy as large as the int8 weights, which a
-# dynamic int8 model then holds twice (MiniLM: 22 MB more).
+# dynamic int8 model then holds twice (MiniLM: 22 MB more); switched off before a model's first forward, it packs
+# none.
 ON = True
 
-# Packed weights by the int8 data's id, dropped when the data is collected (torchao's int8 tensors are not changed
-# in place).
-_PACKED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+# Packed weights by the int8 data's id, with the data's version when packed (`load_state_dict` copies new values
+# into it), dropped when the data is collected.
+_PACKED: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
 
 
 @functools.cache
 def qlinear_exact() -> bool:
     """Whether oneDNN's quantized linear runs here and returns `torch._int_mm`'s sums exactly: checked once, on
-    the products that saturate 16-bit pairs (the largest activations by the largest weights)."""
+    the products that saturate 16-bit pairs (the largest activations by the largest weights), for several rows and
+    for one (decoding's), and on sums past fp32's 2^24 (a zero point applied after the conversion would show)."""
     try:
-        q = torch.full((4, 64), 127, dtype=torch.int8)
-        q[1] = -128
-        weight = torch.full((16, 64), 127, dtype=torch.int8)
-        weight[1::2] = -128
-        expected = torch._int_mm(q, weight.t())  # [4, 16]
-        got = _qlinear(unsigned(q), torch.ops.onednn.qlinear_prepack(weight, None), weight.shape[0])
-        return bool(torch.equal(got, expected.to(torch.float32)))
+        return all(_exact_on_the_worst_case(rows, width) for rows, width in ((4, 64), (1, 64), (3, 2048)))
     except (AttributeError, RuntimeError, NotImplementedError):  # no oneDNN, or no such kernel on this CPU
         return False
 
 
+def _exact_on_the_worst_case(rows: int, width: int) -> bool:
+    q = torch.full((rows, width), 127, dtype=torch.int8)  # 255 once shifted
+    q[1::2] = -128
+    weight = torch.full((16, width), 127, dtype=torch.int8)
+    weight[1::2] = -128
+    expected = torch._int_mm(q, weight.t())
+    got = _qlinear(unsigned(q), torch.ops.onednn.qlinear_prepack(weight, None), weight.shape[0])
+    return bool(torch.equal(got, expected.to(torch.float32)))
+
+
 def qlinear_on() -> bool:
-    """Whether products go through oneDNN's quantized linear: switched on (`ON`) and exact here."""
-    return ON and qlinear_exact()
+    """Whether products go through oneDNN's quantized linear: switched on (`ON`, and torch's oneDNN), and exact
+    here."""
+    return ON and torch.backends.mkldnn.enabled and qlinear_exact()
 
 
 def unsigned(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,14 +71,24 @@ def exact_int8_sums(q_unsigned: torch.Tensor, qdata: torch.Tensor) -> torch.Tens
 
 
 def _packed(qdata: torch.Tensor) -> torch.Tensor:
-    key = id(qdata)
+    key, version = id(qdata), _version(qdata)
     found = _PACKED.get(key)
-    if found is not None and found[0]() is qdata:
-        return found[1]
+    if found is not None and found[0]() is qdata and found[1] == version:
+        return found[2]
     packed = torch.ops.onednn.qlinear_prepack(qdata, None)
-    _PACKED[key] = (weakref.ref(qdata), packed)
-    weakref.finalize(qdata, _PACKED.pop, key, None)
+    if found is None or found[0]() is not qdata:
+        weakref.finalize(qdata, _PACKED.pop, key, None)
+    _PACKED[key] = (weakref.ref(qdata), version, packed)
     return packed
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's count of in-place changes; None for a tensor made under inference mode, which keeps none (and
+    cannot be changed in place outside it)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ def test_sums_equal_int_mm(rows, width, outputs):
     gen = torch.Generator().manual_seed(rows + width)
     q = torch.randint(-128, 128, (rows, width), dtype=torch.int8, generator=gen)
     weight = torch.randint(-128, 128, (outputs, width), dtype=torch.int8, generator=gen)
-    q[:, :2], weight[: outputs // 2, :2] = -128, 127  # the extremes: pairs of products past 16 bits
+    q[:, :2], weight[: outputs // 2, :2] = 127, -128  # the extremes: 255 x -128 twice, a pair past 16 bits
     expected = torch._int_mm(q, weight.t()).to(torch.float32) if rows else torch.zeros(0, outputs)
     assert torch.equal(exact_int8_sums(unsigned(q), weight), expected)
 
@@ -58,3 +58,22 @@ def test_a_dynamic_int8_model_takes_the_kernel(converted, monkeypatch):
         monkeypatch.setattr(onednn_int8, "ON", False)
         expected = model(ids).last_hidden_state  # through torch._int_mm
     assert len(calls) == len(quantized_modules(model)) and torch.equal(got, expected)  # every linear, the pooler's too
+
+
+@needs_exact_kernel
+def test_a_weight_changed_in_place_is_packed_again(converted, monkeypatch):
+    """`load_state_dict` copies new values into a quantized weight's int8 data: the packed copy follows."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    _, folder = converted("bert", "BertModel")
+    config = transformers.TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+    model = transformers.AutoModel.from_pretrained(folder, quantization_config=config).eval()
+    ids = torch.randint(5, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).last_hidden_state  # packs every weight
+        for module in map(model.get_submodule, quantized_modules(model)):
+            module.weight.qdata.copy_(module.weight.qdata.flip(-1))
+        got = model(ids).last_hidden_state
+        monkeypatch.setattr(onednn_int8, "ON", False)
+        expected = model(ids).last_hidden_state
+    assert not torch.equal(got, before) and torch.equal(got, expected)

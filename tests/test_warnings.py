@@ -7,7 +7,7 @@ import transformers
 from transformers.testing_utils import CaptureLogger
 
 from fivefold.architectures import architecture_for_model_type
-from fivefold.modeling import decoder
+from fivefold.modeling import decoder, kernels
 
 
 @pytest.fixture
@@ -22,16 +22,24 @@ def fresh_warnings():
     transformers.logging.set_verbosity(verbosity)
 
 
-def _model(converted, stock_name: str, attn: str):
-    _, dst = converted("llama", stock_name)
-    return architecture_for_model_type("llama").class_named(stock_name).from_pretrained(dst, attn_implementation=attn)
+def _model(converted, stock_name: str, attn: str, model_type: str = "llama"):
+    _, dst = converted(model_type, stock_name)
+    arch = architecture_for_model_type(model_type)
+    return arch.class_named(stock_name).from_pretrained(dst, attn_implementation=attn)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_attentions_asked_of_sdpa_warn_as_stocks_kernel_does(converted, fresh_warnings, attn):
-    model = _model(converted, "LlamaForCausalLM", attn).eval()
-    with CaptureLogger(decoder.logger) as captured, torch.no_grad():
-        out = model(torch.tensor([[5, 17, 42, 8]]), output_attentions=True)
+@pytest.mark.parametrize(("model_type", "stock_name"), [("llama", "LlamaForCausalLM"), ("bert", "BertModel")])
+def test_attentions_asked_of_sdpa_warn_as_stocks_kernel_does(converted, fresh_warnings, model_type, stock_name, attn):
+    """A decoder keeps the request from its kernels, and a padded batch of an encoder runs fivefold's own kernel
+    over the unpadded tokens: where stock's sdpa kernel would warn, fivefold does."""
+    model = _model(converted, stock_name, attn, model_type).eval()
+    inputs = {
+        "input_ids": torch.tensor([[5, 17, 42, 8], [6, 7, 0, 0]]),
+        "attention_mask": torch.tensor([[1] * 4, [1, 1, 0, 0]]),
+    }
+    with CaptureLogger(kernels.logger) as captured, torch.no_grad():
+        out = model(**inputs, output_attentions=True)
     warned = "`sdpa` attention does not support `output_attentions=True`" in captured.out
     assert warned == (attn == "sdpa") and len(out.attentions) == (0 if attn == "sdpa" else 2)
 
