@@ -42,14 +42,18 @@ def test_a_kernel_that_saturates_is_left_off(monkeypatch):
         onednn_int8.qlinear_exact.cache_clear()
 
 
-@needs_exact_kernel
-def test_a_dynamic_int8_model_takes_the_kernel(converted, monkeypatch):
+def _dynamic_int8_bert(converted) -> tuple[torch.nn.Module, torch.Tensor]:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
     _, folder = converted("bert", "BertModel")
     config = transformers.TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
     model = transformers.AutoModel.from_pretrained(folder, quantization_config=config).eval()
-    ids = torch.randint(5, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    return model, torch.randint(5, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+@needs_exact_kernel
+def test_a_dynamic_int8_model_takes_the_kernel(converted, monkeypatch):
+    model, ids = _dynamic_int8_bert(converted)
     assert qlinear_exact()  # checked before counting (its check runs the kernel once)
     calls, real = [], onednn_int8._qlinear
     monkeypatch.setattr(onednn_int8, "_qlinear", lambda *args: calls.append(1) or real(*args))
@@ -63,12 +67,7 @@ def test_a_dynamic_int8_model_takes_the_kernel(converted, monkeypatch):
 @needs_exact_kernel
 def test_a_weight_changed_in_place_is_packed_again(converted, monkeypatch):
     """`load_state_dict` copies new values into a quantized weight's int8 data: the packed copy follows."""
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
-
-    _, folder = converted("bert", "BertModel")
-    config = transformers.TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
-    model = transformers.AutoModel.from_pretrained(folder, quantization_config=config).eval()
-    ids = torch.randint(5, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    model, ids = _dynamic_int8_bert(converted)
     with torch.no_grad():
         before = model(ids).last_hidden_state  # packs every weight
         for module in map(model.get_submodule, quantized_modules(model)):
