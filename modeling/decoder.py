@@ -28,7 +28,8 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .batching import ContinuousBatching, is_paged
 from .heads import last_real_token
-from .kernels import causal_masks, check_attention_mask, warn_no_attention_weights
+from .kernel_warnings import warn_no_attention_weights
+from .kernels import causal_masks, check_attention_mask
 from .losses import batch_labels_shapes, check_labels, cross_entropy, sequence_classification_loss, tokens_shape
 from .padding import is_packed_row
 from .pretrained import FivefoldPreTrainedModel
@@ -74,8 +75,8 @@ class DecoderModel(DecoderPreTrainedModel, Stack):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         self.embeddings.check_inputs(input_ids, inputs_embeds)
-        if kwargs.pop("output_attentions", None):  # read by capture_outputs; the kernels must not see it
-            warn_no_attention_weights(self.config)
+        # Read by capture_outputs; the kernels must not see it.
+        warn_no_attention_weights(self.config, kwargs.pop("output_attentions", None))
         kwargs.pop("output_hidden_states", None)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if self.training and torch.is_grad_enabled() and self.checkpointing():

@@ -17,8 +17,7 @@ eager and in `sink_sdpa_attention` (a zero key whose score is the sink; exporter
 that needs gradients fails torch.export's dynamic shapes and ONNX), and go to transformers' flex and flash kernels,
 which read them; any other kernel would drop them, so it is refused.
 
-Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/value heads, D head dim,
-N tokens (packed).
+Shapes: B batch, T time, S key positions, P cached steps, H query heads, K key/value heads, D head dim, N tokens.
 """
 
 import copy
@@ -35,29 +34,16 @@ from transformers.masking_utils import (
     create_sliding_window_causal_mask,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .batching import is_paged, paged_masks
 from .grouped_sdpa import grouped_sdpa_attention
+from .kernel_warnings import warn_no_attention_weights
 from .padding import PackedSequences, same_document
 from .tracing import tracing, tracing_for_export
 
 # Kernels that packed sequences replace; eager (weights) and flex keep the padded layout.
 UNPADDED_KERNELS = ("sdpa",)
-
-# Under transformers' logger, so that its verbosity silences these as it does stock's.
-logger = logging.get_logger(f"transformers.{__name__}")
-
-
-def warn_no_attention_weights(config) -> None:
-    """What transformers' sdpa kernel says when asked for attention weights, said where fivefold's own kernels run
-    instead of it (unpadded sequences) or never see the request (decoders)."""
-    if config._attn_implementation == "sdpa":
-        logger.warning_once(
-            "`sdpa` attention does not support `output_attentions=True`. Please set your attention to `eager` if "
-            "you want any of these features."
-        )
 
 
 def check_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, cached: bool = False) -> None:
@@ -85,9 +71,8 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def causal_bool_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """[1, 1, T, S], True where query i may see key j <= i: what a missing mask stands for under torch's `is_causal`
-    (queries aligned to the first keys). transformers passes no mask only where that is right: without a past, and
-    for a prefill into an empty static cache, whose free slots come after the prompt."""
+    """[1, 1, T, S], True where query i may see key j <= i: torch's `is_causal`, which transformers' missing mask
+    stands for (no past, or a prefill into an empty static cache, its free slots after the prompt)."""
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()[None, None]
 
 
@@ -141,8 +126,7 @@ def packed_attention(
     """Variable-length attention over packed sequences -> ([1, N, H, D], no weights): flash-attention's varlen
     kernel when a flash implementation is selected, otherwise sdpa per sequence, in blocks of queries under a sliding
     window (`PackedSequences.attention_blocks`; measured fastest on CPU, see benchmarks/encoders.py)."""
-    if kwargs.get("output_attentions"):
-        warn_no_attention_weights(module.config)
+    warn_no_attention_weights(module.config, kwargs.get("output_attentions"))
     implementation = module.config._attn_implementation
     if is_flash_attention_requested(requested_attention_implementation=implementation):
         return ALL_ATTENTION_FUNCTIONS[implementation](

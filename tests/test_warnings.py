@@ -7,7 +7,7 @@ import transformers
 from transformers.testing_utils import CaptureLogger
 
 from fivefold.architectures import architecture_for_model_type
-from fivefold.modeling import decoder, kernels
+from fivefold.modeling import decoder, kernel_warnings
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_attentions_asked_of_sdpa_warn_as_stocks_kernel_does(converted, fresh_wa
         "input_ids": torch.tensor([[5, 17, 42, 8], [6, 7, 0, 0]]),
         "attention_mask": torch.tensor([[1] * 4, [1, 1, 0, 0]]),
     }
-    with CaptureLogger(kernels.logger) as captured, torch.no_grad():
+    with CaptureLogger(kernel_warnings.logger) as captured, torch.no_grad():
         out = model(**inputs, output_attentions=True)
     warned = "`sdpa` attention does not support `output_attentions=True`" in captured.out
     assert warned == (attn == "sdpa") and len(out.attentions) == (0 if attn == "sdpa" else 2)
