@@ -17,7 +17,7 @@ from .model_card import model_card
 from .reader import CheckpointReader, checked_getter
 from .remote_code import remote_code_bytes, write_remote_code
 from .sentence_modules import copy_sentence_transformers_files, is_sentence_transformers
-from .side_files import copy_side_files
+from .side_files import copy_side_files, write_legacy_generation_config
 from .source import (
     architecture_of,
     build_config,
@@ -117,6 +117,7 @@ def convert(
         _write_weights_and_side_files(tmp, folder, plan, reader, sizes, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
+        write_legacy_generation_config(folder, stock, tmp)
         where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
         card = model_card(arch, target, str(src), folder, **where, hashes=folder_hashes(tmp))
         (tmp / "README.md").write_text(card, encoding="utf-8")

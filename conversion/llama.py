@@ -24,6 +24,8 @@ LLAMA_ATTENTION = {
     "layers.{}.self_attn.k_norm": "layers.{}.attn.k_norm",
     "layers.{}.post_attention_layernorm": "layers.{}.norm_before_mlp",
     "norm": "norm",
+    # The rotary frequencies as a stored buffer (files written before transformers stopped saving it): recomputed.
+    "layers.{}.self_attn.rotary_emb": None,
 }
 LLAMA_BASE = {
     **LLAMA_ATTENTION,

@@ -14,6 +14,7 @@ from fivefold.architectures import architecture_for_model_type
 from .errors import ConversionError
 from .hub import HubRef
 from .reader import CheckpointReader, checked_getter, renamed_by
+from .side_files import generation_config_of
 from .source import build_config, read_config_if_any, resolve_source
 from .validation import check_aliases, check_plan, our_prefix
 
@@ -31,7 +32,8 @@ def open_stock_checkpoint(
     key_mapping: dict[str, str] | None = None,
 ) -> AbstractContextManager[tuple] | None:
     """For `FivefoldXxx.from_pretrained(stock_checkpoint)`: a context yielding (config or config folder,
-    state dict under our names), or None when `name_or_path` is not a stock checkpoint. A Hub repo is read at
+    state dict under our names, the generation config transformers reads beside it or None), or None when
+    `name_or_path` is not a stock checkpoint. A Hub repo is read at
     `revision`, inside `subfolder`, with `token`; the weights files as `variant` and `use_safetensors` pick them,
     their tensors renamed by `key_mapping` before conversion: all as transformers would."""
     ref = HubRef(revision=revision, subfolder=subfolder or None, token=token)
@@ -65,9 +67,10 @@ def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict,
     state, get = {}, checked_getter(reader)
     for step in plan.steps:
         state.update(plan.run(step, get))
+    generation = generation_config_of(folder, stock)
     if user_config is not None:
-        yield user_config, state
+        yield user_config, state, generation
         return
     with tempfile.TemporaryDirectory(prefix="fivefold-config-") as tmp:
         config.save_pretrained(tmp)
-        yield tmp, state
+        yield tmp, state, generation

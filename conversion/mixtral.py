@@ -11,7 +11,7 @@ from .architecture import Architecture
 from .experts import fused_expert_rules
 from .inputs import causal_text_sample
 from .keymap import KeyMap, Rule, renames
-from .llama import LLAMA_ATTENTION
+from .llama import LLAMA_ATTENTION, llama_like_models
 
 MIXTRAL_BASE = {
     **LLAMA_ATTENTION,
@@ -21,7 +21,7 @@ MIXTRAL_BASE = {
     "layers.{}.block_sparse_moe.experts.{}.w2": "layers.{}.mlp.experts.{}.down_proj",
 }
 
-MIXTRAL_HEADS = {"lm_head": "lm_head", "score": "score"}
+MIXTRAL_HEADS = {"lm_head": "lm_head", "score": "score", "qa_outputs": "qa_outputs"}
 
 
 def mixtral_keys(config) -> KeyMap:
@@ -61,11 +61,7 @@ ARCHITECTURE = Architecture(
     stock_model_type="mixtral",
     stock_prefix="model",
     config_class=FivefoldMixtralConfig,
-    models={
-        "AutoModel": modeling.FivefoldMixtralModel,
-        "AutoModelForCausalLM": modeling.FivefoldMixtralForCausalLM,
-        "AutoModelForSequenceClassification": modeling.FivefoldMixtralForSequenceClassification,
-    },
+    models=llama_like_models(modeling, "Mixtral"),
     keys=mixtral_keys,
     tiny=TINY_MIXTRAL,
     public={"mistralai/Mixtral-8x7B-v0.1": MIXTRAL_8X7B},

@@ -6,6 +6,8 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+from transformers import GenerationConfig
+
 from .errors import CheckpointWarning, ConversionError
 from .limits import parse_json, read_regular_file
 from .reader import allowed_roots, inside
@@ -14,6 +16,7 @@ from .reader import allowed_roots, inside
 SIDE_FILE_PATTERNS = (
     "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "*.model",
     "preprocessor_config.json", "image_processor*.json", "processor_config.json", "chat_template*",
+    "additional_chat_templates/*",
     "generation_config.json",
 )  # fmt: skip
 MAX_SIDE_FILE_BYTES = 2**31  # a SentencePiece model or tokenizer.json is tens of MB; nothing real is near this
@@ -44,6 +47,31 @@ def copy_side_files(src: Path, dst: Path, patterns: Iterable[str] = SIDE_FILE_PA
             copied.append(name)
             _keep_mode(path, dst / name)
     return copied
+
+
+# What a generation config takes from the model's config anyway (its token ids and use_cache), and metadata.
+_GIVEN_BY_THE_MODEL_CONFIG = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "use_cache", "transformers_version",
+    "_from_model_config",
+}  # fmt: skip
+
+
+def generation_config_of(folder: Path, stock: dict) -> GenerationConfig | None:
+    """The generation defaults transformers reads beside the checkpoint it loads: its generation_config.json, else,
+    for a checkpoint saved before that file existed, the generation fields of its config.json (max_length,
+    num_beams, ...: transformers' fallback). None where neither holds more than the model's config gives."""
+    if (folder / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    legacy = GenerationConfig.from_model_config(dict(stock))
+    return legacy if set(legacy.to_diff_dict()) - _GIVEN_BY_THE_MODEL_CONFIG else None
+
+
+def write_legacy_generation_config(src: Path, stock: dict, dst: Path) -> None:
+    """A converted config.json holds the model's fields only: the generation fields of an older config.json (with
+    no generation_config.json, which copy_side_files copies) go to dst's generation_config.json, where
+    transformers reads them from a folder like any other."""
+    if not (dst / "generation_config.json").exists() and (generation := generation_config_of(src, stock)) is not None:
+        generation.save_pretrained(dst)
 
 
 def _keep_mode(src: Path, dst: Path) -> None:

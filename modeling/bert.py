@@ -21,6 +21,7 @@ from .encoder_tasks import (
 from .feedforward import FeedForwardSpec
 from .heads import HeadSpec, TransformSpec
 from .stack import Recipe, StackSpec
+from .tasks import stock_name_of_the_base
 
 
 def bert_block(config, prenorm: bool, qkv_bias: bool = True) -> BlockSpec:
@@ -82,6 +83,7 @@ def bert_recipe(config) -> Recipe:
 
 class FivefoldBertPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldBertConfig
+    bert = stock_name_of_the_base()
     recipe = staticmethod(bert_recipe)
     _can_record_outputs = {**EncoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 

@@ -149,6 +149,7 @@ class DecoderForCausalLM(DecoderTaskModel, ContinuousBatching, GenerationMixin):
         # Trainer counts a causal LM's labels after the shift only for this loss type, which transformers reads off
         # the class name: GPT2LMHeadModel's names none, and its loss would be divided by one label too many per row.
         self.loss_type = "ForCausalLM"
+        self.vocab_size = config.vocab_size  # stock's attribute (transformers' resize updates it)
 
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """(a loss added to the LM loss when labels are given, or None; extra output fields). A mixture of experts

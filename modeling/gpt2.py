@@ -24,6 +24,7 @@ from .feedforward import FeedForwardSpec
 from .heads import HeadSpec, token_classifier_dropout
 from .initialization import WeightInit, mark_projections
 from .stack import Recipe, StackSpec
+from .tasks import stock_name_of_the_base
 
 # The same function as one fused kernel: "gelu_new" is the tanh GELU written as seven elementwise ops, each a
 # separate dispatch on every layer of every decoding step.
@@ -81,6 +82,7 @@ def gpt2_recipe(config) -> Recipe:
 
 class FivefoldGPT2PreTrainedModel(DecoderPreTrainedModel):
     config: FivefoldGPT2Config
+    transformer = stock_name_of_the_base()
     recipe = staticmethod(gpt2_recipe)
     _can_record_outputs = {**DecoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 

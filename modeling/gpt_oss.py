@@ -36,7 +36,7 @@ def gpt_oss_experts(config, layer_idx: int) -> MoESpec:
 def gpt_oss_recipe(config) -> Recipe:
     heads = {task: head for task, head in decoder_heads(config).items() if task != "question_answering"}
     # q/k/v and the output projection all biased (`attention_bias`), as the shared builder reads it.
-    return llama_like_recipe(config, gpt_oss_experts, heads=heads, sinks=True)
+    return llama_like_recipe(config, gpt_oss_experts, heads=heads, norm="rmsnorm_weighted_in_fp32", sinks=True)
 
 
 class FivefoldGptOssPreTrainedModel(MoEDecoderPreTrainedModel):
@@ -44,6 +44,8 @@ class FivefoldGptOssPreTrainedModel(MoEDecoderPreTrainedModel):
     recipe = staticmethod(gpt_oss_recipe)
     # Blocks may be split so that one layer's experts land on different devices; every expert stays whole.
     _no_split_modules = ["TokenEmbeddings", "Attention", "ClampedSwiGLU"]
+    # Stock's: the norms' weights stay fp32 in an fp16 model (every norm: those of each block and the last).
+    _keep_in_fp32_modules = ["norm"]
     # Stock's: the flash kernels that take attention sinks.
     _compatible_flash_implementations = [
         "kernels-community/vllm-flash-attn3",

@@ -17,6 +17,7 @@ from .decoder import (
 )
 from .llama_like import llama_like_recipe
 from .stack import Recipe
+from .tasks import stock_name_of_the_base
 
 
 def llama_recipe(config) -> Recipe:
@@ -46,3 +47,4 @@ class FivefoldLlamaForTokenClassification(FivefoldLlamaPreTrainedModel, DecoderF
 
 class FivefoldLlamaForQuestionAnswering(FivefoldLlamaPreTrainedModel, DecoderForQuestionAnswering):
     base_model_class = FivefoldLlamaModel
+    transformer = stock_name_of_the_base()

@@ -78,13 +78,14 @@ def llama_like_recipe(
     config,
     feedforward: Callable[..., FeedForwardSpec | MoESpec] = gated_feedforward,  # (config, layer index) -> spec
     heads: dict[str, HeadSpec] | None = None,  # None: decoder_heads(config)
+    norm: str = "rmsnorm",
     **attention_fields,  # AttentionSpec fields over decoder_attention's (e.g. qk_norm="head")
 ) -> Recipe:
     blocks = tuple(
         BlockSpec(
             attention=decoder_attention(config, i, **attention_fields),
             feedforward=feedforward(config, i),
-            norm="rmsnorm",
+            norm=norm,
             norm_eps=config.rms_norm_eps,
             prenorm=True,
         )
@@ -96,7 +97,7 @@ def llama_like_recipe(
                 vocab_size=config.vocab_size, hidden_size=config.hidden_size, padding_idx=config.pad_token_id
             ),
             blocks=blocks,
-            norm="rmsnorm",
+            norm=norm,
             norm_eps=config.rms_norm_eps,
         ),
         heads=decoder_heads(config) if heads is None else heads,

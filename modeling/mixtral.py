@@ -6,7 +6,7 @@ The recipe maps the stock `MixtralConfig` fields onto shared parts; the classes 
 """
 
 from ..configuration.mixtral import FivefoldMixtralConfig
-from .decoder import DecoderForSequenceClassification
+from .decoder import DecoderForQuestionAnswering, DecoderForSequenceClassification, DecoderForTokenClassification
 from .llama_like import llama_like_recipe
 from .moe import MoESpec
 from .moe_decoder import MoEDecoderForCausalLM, MoEDecoderModel, MoEDecoderPreTrainedModel
@@ -42,4 +42,12 @@ class FivefoldMixtralForCausalLM(FivefoldMixtralPreTrainedModel, MoEDecoderForCa
 
 
 class FivefoldMixtralForSequenceClassification(FivefoldMixtralPreTrainedModel, DecoderForSequenceClassification):
+    base_model_class = FivefoldMixtralModel
+
+
+class FivefoldMixtralForTokenClassification(FivefoldMixtralPreTrainedModel, DecoderForTokenClassification):
+    base_model_class = FivefoldMixtralModel
+
+
+class FivefoldMixtralForQuestionAnswering(FivefoldMixtralPreTrainedModel, DecoderForQuestionAnswering):
     base_model_class = FivefoldMixtralModel

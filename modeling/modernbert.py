@@ -88,7 +88,9 @@ def modernbert_recipe(config) -> Recipe:
                 norm_eps=config.norm_eps,
                 dropout=config.embedding_dropout,
             ),
-            blocks=tuple(block(i, kind) for i, kind in enumerate(config.layer_types)),
+            # The first num_hidden_layers, as stock builds them: `from_pretrained(..., num_hidden_layers=n)` sets
+            # the count after the config checked it against layer_types, which still lists every layer.
+            blocks=tuple(block(i, kind) for i, kind in enumerate(config.layer_types[: config.num_hidden_layers])),
             norm=norm,
             norm_eps=config.norm_eps,
         ),

@@ -50,6 +50,15 @@ def _rows_of_last_steps(attention_mask: torch.Tensor | None, tokens: int) -> tor
 class MoEDecoderForCausalLM(DecoderForCausalLM):
     output_class = MoeCausalLMOutputWithPast
 
+    def __init__(self, config):
+        super().__init__(config)
+        # Stock's attributes, which its loss reads: set once here, so that a user's `model.router_aux_loss_coef = x`
+        # takes effect and a config field changed after loading does not, as in stock (the routing's top k is fixed
+        # when the layers are built, and the loss counts the experts the routing chose).
+        self.router_aux_loss_coef = config.router_aux_loss_coef
+        self.num_experts = config.num_experts
+        self.num_experts_per_tok = config.num_experts_per_tok
+
     def auxiliary_outputs(self, outputs, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, dict]:
         """Stock's load-balancing loss over the MoE layers' router logits (dense layers and a shared expert
         route nothing, and count for nothing), times `router_aux_loss_coef`."""
@@ -57,8 +66,8 @@ class MoEDecoderForCausalLM(DecoderForCausalLM):
         if not router_logits:  # recorded only with output_router_logits
             return None, {}
         mask = _rows_of_last_steps(attention_mask, router_logits[0].shape[0])
-        aux_loss = load_balancing_loss(router_logits, self.config.num_experts_per_tok, mask, self.data_parallel_group)
-        loss = self.config.router_aux_loss_coef * aux_loss
+        aux_loss = load_balancing_loss(router_logits, self.num_experts_per_tok, mask, self.data_parallel_group)
+        loss = self.router_aux_loss_coef * aux_loss
         if self.config.router_z_loss_coef:
             loss = loss + self.config.router_z_loss_coef * router_z_loss(router_logits, mask)
         return loss, {"aux_loss": aux_loss, "router_logits": router_logits}

@@ -24,6 +24,15 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(self.weight.dtype if half else x.dtype)
 
 
+class RMSNormWeightedInFp32(RMSNorm):
+    """gpt-oss's RMSNorm: the weight multiplies the fp32 normalised values, and the product is rounded to the input's
+    dtype once (Llama's rounds before the weight multiplies). Stock keeps this weight in fp32 in fp16 models."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (self.weight * (x.float() * torch.rsqrt(variance + self.eps))).to(x.dtype)
+
+
 class HeadRMSNorm(RMSNorm):
     """RMSNorm over each head's slice of a [B, T, H * D] projection: one weight of D shared by every head (Qwen3's
     q_norm/k_norm), applied before the heads are split off, so attention treats it like any other query norm."""
@@ -48,6 +57,7 @@ NORMS = {
     "layernorm": _layernorm,
     "layernorm_nobias": _layernorm_without_bias,
     "rmsnorm": RMSNorm,
+    "rmsnorm_weighted_in_fp32": RMSNormWeightedInFp32,
     "none": _none,
 }
 

@@ -36,3 +36,20 @@ def replaced(path: str | os.PathLike, pinned: str | os.PathLike) -> bool:
     except OSError:
         return True
     return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+
+def named_as_given(error: BaseException, pinned: str | os.PathLike, path: str | os.PathLike) -> BaseException:
+    """`error` with the pinned handle's path (`/proc/self/fd/N/...`) in its message turned back into `path`, the
+    folder the user named (a missing shard, a missing variant); the same exception object, to raise."""
+    held, given = os.fspath(pinned), os.fspath(path)
+    if held == given:
+        return error
+
+    def told(value: object) -> object:
+        return value.replace(held, given) if isinstance(value, str) else value
+
+    error.args = tuple(told(a) for a in error.args)
+    for field in ("filename", "filename2"):  # an OSError's message is built from these where they are set
+        if isinstance(error, OSError) and getattr(error, field) is not None:
+            setattr(error, field, told(getattr(error, field)))
+    return error

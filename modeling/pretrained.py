@@ -18,7 +18,7 @@ from .expert_parallel import distribute, expert_layers, gather_experts
 from .offloaded_loading import read_without_offloaded, skips_offloaded_reads
 from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
-from .pinned_folder import pinned_folder, replaced
+from .pinned_folder import named_as_given, pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .prequantized_offload import leaving, left_by_this_load, load_leaving, plan
 from .quantization import (
@@ -145,9 +145,9 @@ class FivefoldPreTrainedModel(PreTrainedModel):
         with pinned_folder(name) as folder:
             try:
                 loaded = cls._load(folder, *model_args, **kwargs)
-            except Exception:
+            except Exception as error:
                 if not replaced(name, folder):
-                    raise
+                    raise named_as_given(error, folder, name)  # noqa: B904 (the same exception, re-raised)
             else:
                 model = loaded[0] if isinstance(loaded, tuple) else loaded
                 if folder != name:  # the name a user gave, not the handle's
@@ -165,7 +165,8 @@ class FivefoldPreTrainedModel(PreTrainedModel):
                 check_stock_offload(name, kwargs)
                 for key in ("config", *files):  # the converted state and a local config replace them
                     kwargs.pop(key, None)
-                with stock as (config, state_dict):
+                with stock as (config, state_dict, generation):  # the folder's generation config, as stock reads it
+                    kwargs.setdefault("generation_config", generation)
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}

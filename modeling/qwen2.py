@@ -16,6 +16,7 @@ from .decoder import (
 )
 from .llama_like import llama_like_recipe
 from .stack import Recipe
+from .tasks import stock_name_of_the_base
 
 
 def qwen2_recipe(config) -> Recipe:
@@ -45,3 +46,4 @@ class FivefoldQwen2ForTokenClassification(FivefoldQwen2PreTrainedModel, DecoderF
 
 class FivefoldQwen2ForQuestionAnswering(FivefoldQwen2PreTrainedModel, DecoderForQuestionAnswering):
     base_model_class = FivefoldQwen2Model
+    transformer = stock_name_of_the_base()

@@ -16,6 +16,7 @@ from .decoder import (
 )
 from .llama_like import llama_like_recipe
 from .stack import Recipe
+from .tasks import stock_name_of_the_base
 
 
 def qwen3_recipe(config) -> Recipe:
@@ -45,3 +46,4 @@ class FivefoldQwen3ForTokenClassification(FivefoldQwen3PreTrainedModel, DecoderF
 
 class FivefoldQwen3ForQuestionAnswering(FivefoldQwen3PreTrainedModel, DecoderForQuestionAnswering):
     base_model_class = FivefoldQwen3Model
+    transformer = stock_name_of_the_base()

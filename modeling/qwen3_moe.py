@@ -16,6 +16,7 @@ from .moe_decoder import (
     qwen_style_feedforward,
 )
 from .stack import Recipe
+from .tasks import stock_name_of_the_base
 
 
 def qwen3_moe_recipe(config) -> Recipe:
@@ -45,3 +46,4 @@ class FivefoldQwen3MoeForTokenClassification(FivefoldQwen3MoePreTrainedModel, De
 
 class FivefoldQwen3MoeForQuestionAnswering(FivefoldQwen3MoePreTrainedModel, DecoderForQuestionAnswering):
     base_model_class = FivefoldQwen3MoeModel
+    transformer = stock_name_of_the_base()

@@ -16,6 +16,7 @@ from .encoder_tasks import (
 )
 from .heads import HeadSpec, TransformSpec
 from .stack import Recipe
+from .tasks import stock_name_of_the_base
 
 
 def roberta_recipe(config) -> Recipe:
@@ -46,6 +47,7 @@ def roberta_recipe(config) -> Recipe:
 
 class FivefoldRobertaPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldRobertaConfig
+    roberta = stock_name_of_the_base()
     recipe = staticmethod(roberta_recipe)
     _can_record_outputs = {**EncoderPreTrainedModel._can_record_outputs, **CROSS_ATTENTIONS_RECORD}
 

@@ -27,6 +27,13 @@ def beside_name(spec: HeadSpec) -> str:
     return "head" if spec.transform is not None else "pool"
 
 
+def stock_name_of_the_base() -> property:
+    """The base model of a head model under the name stock's class gives it where that is not `model` (BERT's
+    `model.bert`, GPT-2's `model.transformer`, ...): the same module, read-only, for code written against stock
+    (`for p in model.bert.parameters(): p.requires_grad_(False)`). A base model has none, as in stock."""
+    return property(lambda self: self.model, doc="The base model, as stock's class names it (`base_model`).")
+
+
 class TaskModel(FivefoldPreTrainedModel):
     # Task -> its number of outputs: a config field ("num_labels") or a number.
     tasks: Mapping[str, str | int] = {}

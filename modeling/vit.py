@@ -15,6 +15,7 @@ from .encoder_tasks import EncoderForImageClassification
 from .heads import HeadSpec, TransformSpec
 from .patch_embeddings import PatchEmbeddings, PatchEmbeddingSpec
 from .stack import Recipe, StackSpec
+from .tasks import stock_name_of_the_base
 
 
 def vit_recipe(config) -> Recipe:
@@ -39,6 +40,7 @@ def vit_recipe(config) -> Recipe:
 
 class FivefoldViTPreTrainedModel(EncoderPreTrainedModel):
     config: FivefoldViTConfig
+    vit = stock_name_of_the_base()
     recipe = staticmethod(vit_recipe)
     main_input_name = "pixel_values"
     input_modalities = ("image",)

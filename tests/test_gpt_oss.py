@@ -207,3 +207,26 @@ def test_expert_parallel_equals_one_process(converted, tmp_path):
     assert [r["held"] for r in results] == [[0, 1], [2, 3]]
     for r in results:
         assert r["logits"] <= 1e-5 and r["generate"], r
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_norms_as_stocks(converted, dtype):
+    """gpt-oss's RMSNorm multiplies its weight in fp32 and rounds once (Llama's rounds first), and stock keeps the
+    norms' weights in fp32 in an fp16 model: the same parameters stay fp32, and each norm gives stock's bits."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+
+    src, dst = converted("gpt_oss", "GptOssForCausalLM")
+    stock = transformers.GptOssForCausalLM.from_pretrained(src, dtype=dtype)
+    ours = transformers.AutoModelForCausalLM.from_pretrained(dst, dtype=dtype)
+    kept = [{n for n, p in m.named_parameters() if p.dtype == torch.float32} for m in (stock, ours)]
+    assert len(kept[0]) == len(kept[1]) == (2 * stock.config.num_hidden_layers + 1 if dtype is torch.float16 else 0)
+    x = torch.randn(2, 5, stock.config.hidden_size).to(dtype) * 3
+    pairs = [
+        (stock.model.norm, ours.model.norm),
+        (stock.model.layers[0].input_layernorm, ours.model.layers[0].norm_before_attn),
+    ]
+    for theirs, mine in pairs:
+        assert isinstance(theirs, GptOssRMSNorm)
+        mine.weight.data.copy_(torch.randn_like(mine.weight.float()) + 1)
+        theirs.weight.data.copy_(mine.weight.data)
+        assert torch.equal(mine(x), theirs(x))

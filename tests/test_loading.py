@@ -139,3 +139,47 @@ def test_a_stock_folder_loads_with_transformers_file_options(stock_checkpoint, t
             assert (ours(input_ids=ids).logits - expected).abs().max() <= 1e-5
     with pytest.raises(fivefold.ConversionError, match=r"expected pytorch_model\.bin"):  # stock: an OSError
         cls.from_pretrained(prefixed, use_safetensors=False, key_mapping={r"^backbone\.": ""})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "stock_name"), [("llama", "LlamaForCausalLM"), ("mixtral", "MixtralForCausalLM")]
+)
+def test_stored_rotary_frequencies_are_recomputed(stock_checkpoint, tmp_path, model_type, stock_name):
+    """Files written before transformers stopped saving the rotary buffer hold `rotary_emb.inv_freq` per layer,
+    which stock drops silently: so do convert and the direct load."""
+    src = tmp_path / "stock"
+    stock = getattr(transformers, stock_name).from_pretrained(stock_checkpoint(model_type, stock_name)).eval()
+    stock.save_pretrained(src)
+    state = load_file(src / "model.safetensors")
+    dim = stock.config.hidden_size // stock.config.num_attention_heads
+    for i in range(stock.config.num_hidden_layers):
+        state[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.rand(dim // 2)
+    save_file(state, src / "model.safetensors", metadata={"format": "pt"})
+    ids = torch.tensor([[5, 17, 42, 8, 9]])
+    arch = fivefold.architectures.architecture_for_model_type(model_type)
+    converted = transformers.AutoModelForCausalLM.from_pretrained(
+        fivefold.convert(src, tmp_path / "ff", progress=False)
+    )
+    with torch.no_grad():
+        expected = getattr(transformers, stock_name).from_pretrained(src).eval()(input_ids=ids).logits
+        for ours in (converted.eval(), arch.class_named(stock_name).from_pretrained(src).eval()):
+            assert (ours(input_ids=ids).logits - expected).abs().max() <= 1e-5
+
+
+def test_a_broken_folder_is_named_as_the_user_named_it(converted, stock_checkpoint, tmp_path):
+    """Loads read a local folder through one open handle (`/proc/self/fd/N`, pinned_folder.py); the errors name the
+    folder the user gave, as stock's do."""
+    _, dst = converted("llama", "LlamaForCausalLM")
+    sharded = tmp_path / "sharded"
+    transformers.AutoModelForCausalLM.from_pretrained(dst).save_pretrained(sharded, max_shard_size="20KB")
+    shard = sorted(sharded.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(OSError) as missing_shard:
+        transformers.AutoModelForCausalLM.from_pretrained(sharded)
+    with pytest.raises(OSError) as missing_variant:
+        transformers.AutoModelForCausalLM.from_pretrained(dst, variant="fp16")
+    src = stock_checkpoint("llama", "LlamaForCausalLM")
+    with pytest.raises(fivefold.ConversionError) as stock_variant:
+        fivefold.FivefoldLlamaForCausalLM.from_pretrained(src, variant="fp16")
+    for error, folder in ((missing_shard, sharded), (missing_variant, dst), (stock_variant, src)):
+        assert "/proc/self/fd" not in str(error.value) and str(folder) in str(error.value)

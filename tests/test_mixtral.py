@@ -289,3 +289,32 @@ def test_mixtral_8x7b_per_expert_files_convert_completely(stock_class):
     assert expected[f"{layer}.attn.k_proj.weight"] == (1024, 4096)  # 8 key/value heads of 128
     assert expected[f"{layer}.mlp.router.weight"] == (8, 4096)
     assert meta.parameters == stock_parameters(stock)  # 46.7B: really the public size
+
+
+MOE_DECODERS = [
+    ("mixtral", "MixtralForCausalLM"),
+    ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("olmoe", "OlmoeForCausalLM"),
+    ("gpt_oss", "GptOssForCausalLM"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "stock_name"), MOE_DECODERS, ids=[m for m, _ in MOE_DECODERS])
+def test_the_loss_reads_stocks_model_attributes(converted, model_type, stock_name):
+    """Stock's causal LMs set `router_aux_loss_coef`, `num_experts` and `num_experts_per_tok` (and `vocab_size`)
+    on the model when built, and its loss reads those: a user tuning `model.router_aux_loss_coef` after loading
+    changes the loss, a config field changed after loading changes nothing."""
+    src, dst = converted(model_type, stock_name)
+    stock = getattr(transformers, stock_name).from_pretrained(src).eval()
+    ours = transformers.AutoModelForCausalLM.from_pretrained(dst).eval()
+    for name in ("router_aux_loss_coef", "num_experts", "num_experts_per_tok", "vocab_size"):
+        assert getattr(ours, name) == getattr(stock, name), name
+    ids = torch.tensor([[5, 17, 42, 8, 9, 11], [7, 3, 21, 30, 4, 6]])
+    for model in (stock, ours):
+        model.router_aux_loss_coef = 0.5
+        model.config.router_aux_loss_coef = 0.25  # read by neither
+        model.config.num_experts_per_tok = 1  # nor this: the routing and its loss keep the top k they were built with
+    with torch.no_grad():
+        a, b = (m(input_ids=ids, labels=ids, output_router_logits=True) for m in (stock, ours))
+    assert abs(a.aux_loss - b.aux_loss) <= 1e-5 and abs(a.loss - b.loss) <= 1e-5

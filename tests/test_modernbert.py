@@ -76,6 +76,20 @@ def test_head_matches_stock(converted, stock_name, attn, unpad, variant):
     assert bool((pads == 0).all()) == unpad
 
 
+def test_fewer_layers_at_load_as_stock_builds_them(converted):
+    """`num_hidden_layers=n` at load keeps the first n layers (stock's recipe for a shallower model), though
+    layer_types still lists every layer."""
+    src, dst = converted("ModernBertForMaskedLM")
+    stock = transformers.ModernBertForMaskedLM.from_pretrained(src, num_hidden_layers=1).eval()
+    ours = ARCH.class_named("ModernBertForMaskedLM").from_pretrained(dst, num_hidden_layers=1).eval()
+    assert len(ours.model.layers) == len(stock.model.layers) == 1
+    inputs = ARCH.sample_inputs(stock.config, "ModernBertForMaskedLM", 0)
+    inputs.pop("labels", None)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        assert (stock(**inputs).logits - ours(**inputs).logits)[real].abs().max() <= TOL
+
+
 def test_long_rows_left_padding_and_inputs_embeds(converted):
     """Rows much longer than the window, left padded (stock numbers positions over the padded row)."""
     stock, ours = _pair(converted, "ModernBertModel", "sdpa", True)

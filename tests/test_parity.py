@@ -164,6 +164,24 @@ def test_outputs_have_stocks_class_fields_and_tuple_order(converted, arch, stock
             assert len(g) == len(w)
 
 
+@pytest.mark.parametrize(("arch", "stock_name"), HEADS)
+def test_the_base_model_answers_to_stocks_name(arch, stock_name):
+    """`model.bert`, GPT-2's `model.transformer`, ...: what stock's class holds its base model under, the same
+    module (freezing it freezes the same parameters), and nothing where stock has nothing."""
+    stock_class, ours_class = getattr(transformers, stock_name), arch.class_named(stock_name)
+    config = stock_class.config_class(**arch.tiny)
+    stock, ours = stock_class(config), ours_class(arch.config_class(**arch.tiny))
+    prefix = stock_class.base_model_prefix
+    if not hasattr(stock, prefix):  # a base model, or T5's heads, which hold their stacks themselves
+        assert not hasattr(ours, prefix) or prefix == ours.base_model_prefix
+        return
+    assert getattr(ours, prefix) is ours.base_model
+    for model in (stock, ours):
+        getattr(model, prefix).requires_grad_(False)
+    trainable = [sum(p.numel() for p in m.parameters() if p.requires_grad) for m in (stock, ours)]
+    assert trainable[0] == trainable[1]
+
+
 # The rope as the Hub's checkpoints spell it: `rope_scaling` beside a top-level `rope_theta` (Llama 3.1 and 3.2,
 # gpt-oss, Qwen2.5's yarn), which 5.x config classes read into `rope_parameters`. Shrunk: the sample inputs run
 # past the original length.

@@ -97,6 +97,19 @@ def test_decoder_padding_and_left_padded_encoder_match_stock(checkpoints):
     assert (a - b)[decoder_mask.bool()].abs().max() <= TOL
 
 
+def test_return_dict_set_on_the_config_after_loading_gives_stocks_tuple(checkpoints):
+    """Stock's stacks hold copies of the config; fivefold's share the model's, whose `return_dict = False` must
+    change only what the model returns, not what its stacks hand each other."""
+    stock, ours = _models(*checkpoints["v1.1"])
+    inputs = ARCH.sample_inputs(stock.config, "T5ForConditionalGeneration", 0)
+    for model in (stock, ours):
+        model.config.return_dict = False
+    with torch.no_grad():
+        a, b = stock(**inputs), ours(**inputs)
+    assert isinstance(b, tuple) and len(a) == len(b)
+    assert (a[0] - b[0]).abs().max() <= TOL and (a[1] - b[1]).abs().max() <= TOL  # the loss and the logits
+
+
 def test_cached_decoding_equals_one_full_forward(checkpoints):
     _, ours = _models(*checkpoints["v1.0"])
     inputs = ARCH.sample_inputs(ours.config, "T5Model", 0)
