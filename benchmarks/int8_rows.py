@@ -5,7 +5,7 @@ which the product's kernel reads them. This measures that rate for the kernels f
 weights of the reduced Mixtral expert's shape (3,584 x 1,024) that together fill `--gib` (default 1 GiB, beyond the
 caches), beside a plain sum over the same bytes (the read bandwidth `benchmarks/quantized.py` divides by):
 
-- fp32 linear: `F.linear` on fp32 weights (a quarter as many, the same bytes), eager fp32 decoding's product;
+- fp32 linear: `F.linear` on fp32 weights of the same bytes (896 x 1,024 each), eager fp32 decoding's product;
 - aten int8: `_weight_int8pack_mm`, eager int8 decoding's product (modeling/int8.py), and a compiled mixture's
   expert between 2 and 7 rows;
 - inductor reduction: `(x * w).sum(-1)` compiled with the weights as graph inputs, a compiled mixture's expert
@@ -51,7 +51,7 @@ def main() -> None:
     gib = 0.02 if args.quick else args.gib
     count = max(4, int(gib * 2**30 / (OUT * IN)) // 4 * 4)
     int8 = [torch.randint(-127, 128, (OUT, IN), dtype=torch.int8) for _ in range(count)]
-    fp32 = [w.view(torch.float32).view(-1, IN) for w in int8[: count // 4]]  # the same bytes: only the rate matters
+    fp32 = [w.view(torch.float32).view(-1, IN) for w in int8]  # the same bytes (a quarter of the rows): the rate
     row16, row32 = torch.randn(1, IN, dtype=torch.bfloat16), torch.randn(1, IN)
     # The weights as the compiled step holds them: graph inputs (a `torch.cond` branch's operands), or constants.
     as_inputs = torch.compile(lambda x, ws: [reduction(x, w) for w in ws], dynamic=False)
