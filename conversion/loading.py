@@ -59,7 +59,9 @@ def open_stock_checkpoint(
 
 @contextmanager
 def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict, user_config) -> Iterator[tuple]:
-    config = user_config if user_config is not None else build_config(arch, stock, cls, folder)
+    # The checkpoint's tensors are converted as its own config lays them out; a user's config (fewer layers, say)
+    # then decides which of them the model takes, and transformers reports the rest as stock's loading does.
+    config = build_config(arch, stock, cls, folder)
     shapes = {k: reader.shape(k) for k in reader.keys()}
     plan = arch.keys(config).plan(reader.keys(), arch.stock_prefix_of(cls), our_prefix(arch, cls))
     check_plan(arch, cls, config, plan, shapes, strict=False, reader=reader)

@@ -183,3 +183,21 @@ def test_a_broken_folder_is_named_as_the_user_named_it(converted, stock_checkpoi
         fivefold.FivefoldLlamaForCausalLM.from_pretrained(src, variant="fp16")
     for error, folder in ((missing_shard, sharded), (missing_variant, dst), (stock_variant, src)):
         assert "/proc/self/fd" not in str(error.value) and str(folder) in str(error.value)
+
+
+def test_a_config_with_fewer_layers_takes_the_first_layers_of_a_stock_folder(stock_checkpoint):
+    """`from_pretrained(folder, config=...)` with fewer layers than the checkpoint: stock keeps the first ones and
+    reports the others as unexpected; so does the fivefold class on the stock folder (converted as the checkpoint's
+    own config lays it out)."""
+    src = stock_checkpoint("llama", "LlamaForCausalLM")
+    shallow = transformers.AutoConfig.from_pretrained(src, num_hidden_layers=1)
+    stock, info = transformers.LlamaForCausalLM.from_pretrained(src, config=shallow, output_loading_info=True)
+    ours_config = fivefold.FivefoldLlamaConfig.from_pretrained(src, num_hidden_layers=1)
+    ours, our_info = fivefold.FivefoldLlamaForCausalLM.from_pretrained(
+        src, config=ours_config, output_loading_info=True
+    )
+    assert len(ours.model.layers) == 1 and info["unexpected_keys"] and our_info["unexpected_keys"]
+    assert not our_info["missing_keys"]
+    ids = torch.tensor([[5, 17, 42, 8, 9]])
+    with torch.no_grad():
+        assert (ours.eval()(input_ids=ids).logits - stock.eval()(input_ids=ids).logits).abs().max() <= 1e-5
