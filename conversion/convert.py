@@ -117,7 +117,7 @@ def convert(
         _write_weights_and_side_files(tmp, folder, plan, reader, sizes, DTYPES.get(dtype), max_shard_size, progress)
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
-        write_legacy_generation_config(folder, stock, tmp)
+        write_legacy_generation_config(folder, stock, target, tmp)
         where = dict(hub_id=hub_id, repo_id=push_to_hub, sentence_transformers=is_sentence_transformers(folder))
         card = model_card(arch, target, str(src), folder, **where, hashes=folder_hashes(tmp))
         (tmp / "README.md").write_text(card, encoding="utf-8")

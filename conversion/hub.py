@@ -11,7 +11,7 @@ from .errors import ConversionError
 
 # The files a conversion reads from a Hub repo: config, weights, tokenizer and processor files, the model card and
 # the sentence-transformers modules (modules.json, 1_Pooling/config.json, ...). `*` crosses folders in these.
-_SIDE = ("*.json", "*.txt", "*.model", "README.md")
+_SIDE = ("*.json", "*.txt", "*.model", "*.jinja", "README.md")  # "*" reaches into folders: named chat templates
 
 DOWNLOAD_ATTEMPTS = 3  # a download failing for the server's side (5xx, 429, a timeout, a dropped connection)
 _TRANSIENT = (408, 429, 500, 502, 503, 504)

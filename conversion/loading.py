@@ -69,7 +69,7 @@ def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict,
     state, get = {}, checked_getter(reader)
     for step in plan.steps:
         state.update(plan.run(step, get))
-    generation = generation_config_of(folder, stock)
+    generation = generation_config_of(folder, stock, cls)
     if user_config is not None:
         yield user_config, state, generation
         return

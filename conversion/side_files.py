@@ -56,21 +56,27 @@ _GIVEN_BY_THE_MODEL_CONFIG = {
 }  # fmt: skip
 
 
-def generation_config_of(folder: Path, stock: dict) -> GenerationConfig | None:
-    """The generation defaults transformers reads beside the checkpoint it loads: its generation_config.json, else,
-    for a checkpoint saved before that file existed, the generation fields of its config.json (max_length,
-    num_beams, ...: transformers' fallback). None where neither holds more than the model's config gives."""
-    if (folder / "generation_config.json").is_file():
+def generation_config_of(folder: Path, stock: dict, model_class: type) -> GenerationConfig | None:
+    """The generation defaults transformers reads beside the checkpoint it loads into a model that generates: its
+    generation_config.json, else (no such file, or one transformers cannot read) the generation fields of an older
+    config.json (max_length, num_beams, ...: transformers' fallback). None for a model that does not generate, and
+    where neither holds more than the model's config gives."""
+    if not model_class.can_generate():
+        return None  # transformers reads no generation file for it
+    try:
         return GenerationConfig.from_pretrained(folder)
-    legacy = GenerationConfig.from_model_config(dict(stock))
+    except OSError:
+        legacy = GenerationConfig.from_model_config(dict(stock))
     return legacy if set(legacy.to_diff_dict()) - _GIVEN_BY_THE_MODEL_CONFIG else None
 
 
-def write_legacy_generation_config(src: Path, stock: dict, dst: Path) -> None:
+def write_legacy_generation_config(src: Path, stock: dict, model_class: type, dst: Path) -> None:
     """A converted config.json holds the model's fields only: the generation fields of an older config.json (with
-    no generation_config.json, which copy_side_files copies) go to dst's generation_config.json, where
-    transformers reads them from a folder like any other."""
-    if not (dst / "generation_config.json").exists() and (generation := generation_config_of(src, stock)) is not None:
+    no generation_config.json, which copy_side_files copies) go to dst's generation_config.json for a model that
+    generates, where transformers reads them from a folder like any other."""
+    if (src / "generation_config.json").exists() or (dst / "generation_config.json").exists():
+        return
+    if (generation := generation_config_of(src, stock, model_class)) is not None:
         generation.save_pretrained(dst)
 
 

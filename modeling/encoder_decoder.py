@@ -11,7 +11,8 @@ H query heads, V vocabulary.
 The decoder's own keys are its P + T positions, or every slot of a static cache.
 """
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -84,6 +85,19 @@ class EncoderDecoderPreTrainedModel(FivefoldPreTrainedModel):
         return {"decoder_input_ids": ids, "input_ids": ids, "decoder_attention_mask": torch.tensor(DUMMY_MASK)}
 
 
+def fields_unless_asked(forward: Callable) -> Callable:
+    """A stack's output as fields unless its caller passes `return_dict=False`: stock's stacks hold copies of the
+    model's config, so a user's `model.config.return_dict = False` does not reach `model.get_encoder()(...)`, and
+    fivefold's share the model's config."""
+
+    @functools.wraps(forward)
+    def run(self, *args, **kwargs):
+        kwargs.setdefault("return_dict", True)
+        return forward(self, *args, **kwargs)
+
+    return run
+
+
 class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
     """embed -> blocks (relative bias in the mask; the decoder's cross-attend) -> final norm -> dropout."""
 
@@ -93,6 +107,7 @@ class EncoderDecoderStack(EncoderDecoderPreTrainedModel, Stack):
         self.post_init()
 
     @clears_stale_capture
+    @fields_unless_asked
     @capture_outputs
     def forward(
         self,

@@ -7,6 +7,7 @@ folder, whole. Costs one open file descriptor while loading.
 """
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,8 +46,10 @@ def named_as_given(error: BaseException, pinned: str | os.PathLike, path: str | 
     if held == given:
         return error
 
+    held_path = re.compile(re.escape(held) + r"(?!\d)")  # /proc/self/fd/3, not /proc/self/fd/30
+
     def told(value: object) -> object:
-        return value.replace(held, given) if isinstance(value, str) else value
+        return held_path.sub(lambda _: given, value) if isinstance(value, str) else value
 
     error.args = tuple(told(a) for a in error.args)
     for field in ("filename", "filename2"):  # an OSError's message is built from these where they are set

@@ -42,6 +42,9 @@ def hub(tmp_path_factory):
     card = "---\nlicense: apache-2.0\nlanguage: [en]\ndatasets: [wikipedia]\n---\n\n# stock\n"
     (main / "README.md").write_text(card)
     (main / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]) + "\n")
+    (main / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (main / "additional_chat_templates").mkdir()  # transformers 5's named templates
+    (main / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools | length }}")
     mirrors = root / "mirrors"
     mirror_repo(mirrors, "org/stock", {"main": main, "v2": other})
     mirror_repo(mirrors, "org/nested", {"main": root / "nested"})
@@ -146,6 +149,7 @@ def test_convert_push_load_without_fivefold_finetune_push_reload(hub, fivefold_r
     pushed = hub.files("org/ff")
     assert set(pushed) == {".gitattributes", *(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())}
     assert {"config.json", "model.safetensors", "README.md", "vocab.txt"} <= set(pushed)
+    assert {"chat_template.jinja", "additional_chat_templates/tool_use.jinja"} <= set(pushed)  # from the Hub too
     assert any(p.startswith("modeling_") and p.endswith(".py") for p in pushed)
     assert "auto_map" in json.loads(pushed["config.json"])
     assert hub.repos["org/ff"].messages == ["initial commit", "converted"]  # the folder whole, in one commit

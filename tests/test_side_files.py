@@ -102,3 +102,29 @@ def test_named_chat_templates_travel_with_the_tokenizer(stock_checkpoint, tmp_pa
         loaded = transformers.AutoTokenizer.from_pretrained(folder)
         text = loaded.apply_chat_template(messages, chat_template="tool_use", tools=tools, tokenize=False)
         assert text == "TOOLS:1 hello", folder
+
+
+@pytest.mark.parametrize(("model_type", "stock_name"), [("bert", "BertForMaskedLM"), ("mixtral", "MixtralForCausalLM")])
+def test_an_unreadable_generation_config_loads_as_stock_loads_it(stock_checkpoint, model_type, stock_name, tmp_path):
+    """A model that does not generate reads no generation file (stock's BERT loads a folder whose
+    generation_config.json is broken); one that does falls back to config.json, as stock does."""
+    src = tmp_path / "stock"
+    shutil.copytree(stock_checkpoint(model_type, stock_name), src)
+    (src / "generation_config.json").write_text("{oops")
+    stock = getattr(transformers, stock_name).from_pretrained(src)
+    ours = architecture_for_model_type(model_type).class_named(stock_name).from_pretrained(src)
+    if stock.can_generate():  # the defaults from config.json, as stock's
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "max_length", "num_beams", "do_sample"):
+            assert getattr(ours.generation_config, name) == getattr(stock.generation_config, name), name
+
+
+def test_a_model_that_does_not_generate_gets_no_generation_config(stock_checkpoint, tmp_path):
+    """An older config.json listing generation fields at their old defaults (max_length 20, ...) gives a BERT no
+    generation_config.json: transformers reads none for it."""
+    src = tmp_path / "stock"
+    shutil.copytree(stock_checkpoint("bert", "BertForMaskedLM"), src)
+    (src / "generation_config.json").unlink(missing_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "max_length": 20, "num_beams": 1, "do_sample": False}))
+    dst = fivefold.convert(src, tmp_path / "fivefold", progress=False)
+    assert not (dst / "generation_config.json").exists()

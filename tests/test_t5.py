@@ -108,6 +108,10 @@ def test_return_dict_set_on_the_config_after_loading_gives_stocks_tuple(checkpoi
         a, b = stock(**inputs), ours(**inputs)
     assert isinstance(b, tuple) and len(a) == len(b)
     assert (a[0] - b[0]).abs().max() <= TOL and (a[1] - b[1]).abs().max() <= TOL  # the loss and the logits
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    with torch.no_grad():  # the encoder alone, as code taking sentence embeddings from a T5 calls it
+        a, b = (m.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state for m in (stock, ours))
+    assert (a - b)[mask.bool()].abs().max() <= TOL
 
 
 def test_cached_decoding_equals_one_full_forward(checkpoints):
