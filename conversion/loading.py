@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers import PretrainedConfig, PreTrainedModel
 
 from fivefold.architectures import architecture_for_model_type
+from fivefold.modeling.pinned_folder import loading_from
 
 from .errors import ConversionError
 from .hub import HubRef
@@ -54,11 +55,11 @@ def open_stock_checkpoint(
         user_config = None  # a path or None: the config comes from the stock checkpoint
     folder = resolve_source(name_or_path, ref)
     reader = CheckpointReader(folder, renamed_by(key_mapping), variant, use_safetensors)
-    return _stock_state(arch, cls, folder, reader, stock, user_config)
+    return _stock_state(arch, cls, folder, reader, stock, user_config, name_or_path)
 
 
 @contextmanager
-def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict, user_config) -> Iterator[tuple]:
+def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict, user_config, name) -> Iterator[tuple]:
     # The checkpoint's tensors are converted as its own config lays them out; a user's config (fewer layers, say)
     # then decides which of them the model takes, and transformers reports the rest as stock's loading does.
     config = build_config(arch, stock, cls, folder)
@@ -70,9 +71,10 @@ def _stock_state(arch, cls, folder: Path, reader: CheckpointReader, stock: dict,
     for step in plan.steps:
         state.update(plan.run(step, get))
     generation = generation_config_of(folder, stock, cls)
-    if user_config is not None:
-        yield user_config, state, generation
-        return
-    with tempfile.TemporaryDirectory(prefix="fivefold-config-") as tmp:
-        config.save_pretrained(tmp)
-        yield tmp, state, generation
+    with loading_from(name):  # what transformers' loading report names: the folder or Hub id given
+        if user_config is not None:
+            yield user_config, state, generation
+            return
+        with tempfile.TemporaryDirectory(prefix="fivefold-config-") as tmp:
+            config.save_pretrained(tmp)
+            yield tmp, state, generation

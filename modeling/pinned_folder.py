@@ -6,12 +6,20 @@ opened all its files, the load fails on a missing file, and `from_pretrained` lo
 folder, whole. Costs one open file descriptor while loading.
 """
 
+import contextvars
+import dataclasses
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from transformers import PreTrainedModel
+
 _FDS = "/proc/self/fd"
+# The folder each pinned handle stands for, while it is pinned.
+_GIVEN: dict[str, str] = {}
+# The folder of the stock checkpoint being converted in memory in this thread, if any.
+_IN_MEMORY_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar("fivefold_in_memory_from", default=None)
 
 
 @contextmanager
@@ -22,10 +30,41 @@ def pinned_folder(path: str | os.PathLike | None) -> Iterator[str | os.PathLike 
         yield path
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    pinned = f"{_FDS}/{fd}"
+    _GIVEN[pinned] = os.fspath(path)
     try:
-        yield f"{_FDS}/{fd}"
+        yield pinned
     finally:
+        _GIVEN.pop(pinned, None)
         os.close(fd)
+
+
+@contextmanager
+def loading_from(folder: str | os.PathLike) -> Iterator[None]:
+    """Around a load that hands transformers no folder (a stock checkpoint converted in memory): the folder its
+    report names."""
+    token = _IN_MEMORY_FROM.set(os.fspath(folder))
+    try:
+        yield
+    finally:
+        _IN_MEMORY_FROM.reset(token)
+
+
+def as_given(path: str | os.PathLike | None) -> str | os.PathLike | None:
+    """The folder a user named for a pinned handle's path, while it is pinned (for no path, the folder of the
+    conversion in memory under way); any other path as it is."""
+    path = _IN_MEMORY_FROM.get() if path is None else path
+    return _GIVEN.get(os.fspath(path), path) if isinstance(path, (str, os.PathLike)) else path
+
+
+class ReportsTheFolderGiven:
+    """transformers' loading report (`LOAD REPORT from: ...`) names the folder the user gave, not its handle."""
+
+    @staticmethod
+    def _finalize_model_loading(model, load_config, loading_info):
+        given = as_given(load_config.pretrained_model_name_or_path)
+        load_config = dataclasses.replace(load_config, pretrained_model_name_or_path=given)
+        return PreTrainedModel._finalize_model_loading(model, load_config, loading_info)
 
 
 def replaced(path: str | os.PathLike, pinned: str | os.PathLike) -> bool:

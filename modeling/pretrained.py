@@ -18,7 +18,7 @@ from .expert_parallel import distribute, expert_layers, gather_experts
 from .offloaded_loading import read_without_offloaded, skips_offloaded_reads
 from .owned_memory import own_file_backed_tensors, return_freed_memory
 from .parallel import HeadColumns  # noqa: F401  (registers fivefold's tensor-parallel style)
-from .pinned_folder import named_as_given, pinned_folder, replaced
+from .pinned_folder import ReportsTheFolderGiven, named_as_given, pinned_folder, replaced
 from .pipeline import adapt_stage, check_pipeline_parallel
 from .prequantized_offload import leaving, left_by_this_load, load_leaving, plan
 from .quantization import (
@@ -36,7 +36,7 @@ from .rank_zero import on_rank_0
 from .rotary import RotaryEmbedding
 
 
-class FivefoldPreTrainedModel(PreTrainedModel):
+class FivefoldPreTrainedModel(ReportsTheFolderGiven, PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True

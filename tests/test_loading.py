@@ -201,3 +201,27 @@ def test_a_config_with_fewer_layers_takes_the_first_layers_of_a_stock_folder(sto
     ids = torch.tensor([[5, 17, 42, 8, 9]])
     with torch.no_grad():
         assert (ours.eval()(input_ids=ids).logits - stock.eval()(input_ids=ids).logits).abs().max() <= 1e-5
+
+
+def test_the_loading_report_names_the_folder_given(converted, stock_checkpoint):
+    """transformers' `LOAD REPORT from: ...` (a head new to the checkpoint) names the user's folder, for a converted
+    folder (read through a pinned handle) and a stock one converted in memory (no folder handed to transformers)."""
+    import io
+    import logging
+
+    src, dst = converted("bert", "BertForMaskedLM")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = transformers.utils.logging.get_logger("transformers")
+    logger.addHandler(handler)
+    verbosity = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_warning()
+    try:
+        transformers.AutoModelForSequenceClassification.from_pretrained(dst)
+        fivefold.FivefoldBertForSequenceClassification.from_pretrained(src)
+    finally:
+        logger.removeHandler(handler)
+        transformers.utils.logging.set_verbosity(verbosity)
+    reports = [line for line in stream.getvalue().splitlines() if "LOAD REPORT" in line]
+    assert len(reports) == 2
+    assert reports[0].endswith(f"from: {dst}") and reports[1].endswith(f"from: {src}")
