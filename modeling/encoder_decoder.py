@@ -185,9 +185,7 @@ class EncoderDecoderBase(EncoderDecoderPreTrainedModel, TaskModel):
         use_cache: bool | None,
         **kwargs,
     ) -> tuple[BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions]:
-        # Each stack's output as fields whatever the caller asked: the stacks share the model's config, whose
-        # `return_dict` a user may have set to False (stock's stacks hold copies of it).
-        kwargs["return_dict"] = True
+        kwargs.pop("return_dict", None)  # the stacks answer with fields (fields_unless_asked)
         # Both stacks' inputs are checked before the encoder runs: a bad decoder input costs no encoder pass.
         if encoder_outputs is None:
             self.encoder.embeddings.check_inputs(input_ids, inputs_embeds)
@@ -320,8 +318,6 @@ class EncoderOnlyModel(EncoderDecoderBase):
         inputs_embeds: torch.Tensor | None = None,  # [B, S, C]
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        # Each stack's output as fields whatever the caller asked: the stacks share the model's config, whose
-        # `return_dict` a user may have set to False (stock's stacks hold copies of it).
-        kwargs["return_dict"] = True
+        kwargs.pop("return_dict", None)  # the stacks answer with fields (fields_unless_asked)
         # The encoder stack's own output, as stock returns it: its cross-attentions an empty tuple when asked for.
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
