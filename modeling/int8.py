@@ -5,9 +5,9 @@
 activations' dtype on every call and multiplies in floating point: it reads the int8 weight, writes and reads a
 full-precision copy, and decodes slower than fp32. `torch.ops.aten._weight_int8pack_mm` multiplies by the int8
 weight directly (x @ (qdata * scale).T, with x and the sums rounded to bf16: the kernel is vectorised for bf16
-activations only), so a decoding step reads one byte a weight. torch vectorises that kernel with AVX-512 and
-better; on AVX2 it runs a scalar loop, slower than torchao's path, so there the path stays off
-(`INT8PACK_CAPABILITIES`).
+activations only), so a decoding step reads one byte a weight. torch vectorises that kernel for bf16
+activations from AVX2 on (an AVX2-only Zen 3 read int8 weights at 9.4 GB/s where fp32's F.linear read fp32 ones at
+14, and torchao's path at 0.4); without AVX2 the path stays off (`INT8PACK_CAPABILITIES`).
 
 Under torch.compile, torchao's weight-only product traces as a dequantization and a full-precision matmul, which
 freezing folds back into full-precision constants. `traced_int8_linear` hands dynamo the int8 product itself:
@@ -16,12 +16,12 @@ GEMM it generates for the weight's shape, which streams int8 weights at DRAM spe
 by its arithmetic.
 
 `Int8DynamicActivationInt8WeightConfig()` quantizes the activations too, per row and symmetrically, at every call.
-torchao's path multiplies in int8 (`torch._int_mm`) but spends more time around the product than in it: its scale
-search and rounding run as a dozen Python-level ops per call, and on a CPU with VNNI but no AMX it shifts the
-activations to uint8 and sums the whole weight again for the correction. `int8_dynamic_linear` runs the same
-arithmetic in a few ops (the same scales, roundings and sums: results equal torchao's bit for bit); MiniLM's full
-8 x 128 batch takes 192 ms on torchao's path and 58-66 ms on this one (Zen 4, AVX-512 VNNI, 2 threads), the fp32
-model 149. Where oneDNN's quantized linear multiplies exactly, the products go through it (onednn_int8.py).
+torchao's path multiplies in int8 (`torch._int_mm`) but spends more time around the product than in it (a dozen
+ops a call for the scales and rounding; on a CPU with VNNI but no AMX, a shift to uint8 and a correction summing
+the whole weight). `int8_dynamic_linear` runs the same arithmetic in a few ops (results equal torchao's bit for
+bit): MiniLM's full 8 x 128 batch in 58-66 ms against torchao's 192 (Zen 4, AVX-512 VNNI, 2 threads; fp32 149).
+Where oneDNN's quantized linear multiplies exactly, the products go through it (onednn_int8.py); where it does
+not, this path is traced too, since inductor would lower torchao's product to that kernel.
 
 torchao is never imported: its weights are recognised by what they hold.
 
@@ -34,11 +34,11 @@ import weakref
 
 import torch
 
-from .onednn_int8 import exact_int8_sums, qlinear_on, unsigned
+from .onednn_int8 import exact_int8_sums, float_sums, int8_kernels_saturate, qlinear_on, unsigned
 from .operand_weights import operand_int8_product, operand_weights
 
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
-INT8PACK_CAPABILITIES = frozenset({"AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
+INT8PACK_CAPABILITIES = frozenset({"AVX2", "AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
 _INT8PACK = getattr(getattr(torch.ops, "aten", None), "_weight_int8pack_mm", None)
 
 
@@ -54,8 +54,7 @@ INT8PACK_ON = _INT8PACK is not None and _capability() in INT8PACK_CAPABILITIES
 
 
 def _is_int8_tensor(weight: torch.Tensor) -> bool:
-    """torchao's `Int8Tensor`, by name. Its other int8 holders carry fields this module does not read (the
-    activation quantization of `IntxUnpackedToInt8Tensor`, say), so they keep torchao's own path."""
+    """torchao's `Int8Tensor`, by name: its other int8 holders keep torchao's own path (fields not read here)."""
     return type(weight).__name__ == "Int8Tensor"
 
 
@@ -116,8 +115,7 @@ def int8_weight_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @functools.lru_cache(maxsize=64)
-def _unit_scales(rows: int) -> torch.Tensor:
-    """The kernel's scales when the real ones are applied after it: made once per width, not once per call."""
+def _unit_scales(rows: int) -> torch.Tensor:  # the kernel's scales, the real ones applied after it
     return torch.ones(rows, dtype=torch.bfloat16)
 
 
@@ -156,18 +154,16 @@ def _int8pack_product(
     """x @ (qdata * scale).T + bias through `_weight_int8pack_mm`, eager or traced; with `operands`, traced where
     the weights are a graph's operands (operand_weights.py)."""
     dtype = x.dtype
-    # torch vectorises the kernel for bf16 activations only: fp32 ones take a scalar loop, 5-10x slower than fp32's
-    # F.linear, bf16 ones run 3-8x faster than it (decoding's shapes, Zen 5). So the activations go in as bf16 and
-    # the per-row scales are applied after, in x's dtype: bf16 rounds x and the sums (2^-9 relative), no coarser
-    # than the int8 weights themselves (2^-8 of a row's largest weight).
+    # The kernel is vectorised for bf16 activations only (fp32 ones: a scalar loop, 5-10x slower than fp32's
+    # F.linear; bf16 ones 3-8x faster than it, Zen 5), so the scales are applied after, in x's dtype: bf16 rounds x
+    # and the sums (2^-9 relative), no coarser than the int8 weights themselves (2^-8 of a row's largest weight).
     x16 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
     y = operand_int8_product(x16, qdata) if operands else None
     if y is None:
         y = _INT8PACK(x16, qdata, unit_scales)  # [N, O] bf16
     if dtype != torch.float32:  # bf16 and fp32 promote to fp32, which is x's dtype; fp16 would too
         y = y.to(dtype)
-    # A decoding step runs one of these per linear (210 for a SmolLM2-sized model): the dtype tests in Python cost a
-    # tenth of the `.to` calls they save.
+    # The dtype tests cost a tenth of the `.to` calls they save (a SmolLM2-sized decoding step: 210 of these).
     scale = scale if scale.dtype == dtype else scale.to(dtype)
     if bias is None:
         y = torch.mul(y, scale)
@@ -187,12 +183,23 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     """`int8_weight_only_linear` written for dynamo: the same arithmetic, on the weight's own int8 data rather than
     operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
     aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
-    int8 weights at twice the aten kernel's rate at one row (Zen 4). None where the weight is not one it takes."""
-    if not traced_int8_takes(x, weight):
+    int8 weights at twice the aten kernel's rate at one row (Zen 4). A dynamic int8 weight runs
+    `int8_dynamic_linear`'s arithmetic where oneDNN's quantized linear saturates (onednn_int8.py), and elsewhere
+    torchao's own product, which inductor lowers to that kernel. None where the weight is not one it takes."""
+    if traced_int8_takes(x, weight):
+        qdata, scale = weight.qdata, weight.scale.reshape(-1)
+        unit = _TRACED_UNIT_SCALES[: qdata.shape[0]]
+        return _int8pack_product(x, qdata, unit, scale, bias, operands=operand_weights())
+    if x.dtype != torch.float32 or not x.is_cpu or not _saturating_kernel_would_take(weight):
         return None
-    rows = weight.shape[0]
-    qdata, scale = weight.qdata, weight.scale.reshape(-1)
-    return _int8pack_product(x, qdata, _TRACED_UNIT_SCALES[:rows], scale, bias, operands=operand_weights())
+    q, scale = _quantize_rows(x.reshape(-1, x.shape[-1]))
+    y = _int8_product(q, None, scale, weight.qdata, weight.scale.reshape(-1), bias)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@torch.compiler.assume_constant_result
+def _saturating_kernel_would_take(weight: torch.Tensor) -> bool:
+    return int8_kernels_saturate() and int8_dynamic_parts(weight) is not None
 
 
 def traced_int8_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -244,12 +251,11 @@ _EPS = torch.finfo(torch.float32).eps
 _HALF_RANGE = (127 - (-128)) / 2
 
 
-# The dynamic path's intermediates (x scaled, x rounded to int8, the int32 sums) live only inside one call. Fresh
-# buffers of that size go back to the system when freed (glibc maps blocks above its mmap threshold of their own,
-# and trims its heap once enough is free), so every forward paid the page faults of all of them again: 10,000 a
-# MiniLM 8 x 128 forward, a fifth of its time (Zen 4). So each thread keeps one buffer of each kind for as long as
-# it lives and reuses it, up to SCRATCH_BYTES a buffer (at most 3 x 32 MiB a thread; 0 turns the reuse off);
-# larger ones stay fresh (a long prefill's would hold that much memory for good).
+# The dynamic path's intermediates (x scaled, x rounded to int8, the int32 sums) live only inside one call, and fresh
+# buffers of that size go back to the system when freed (glibc), so every forward paid their page faults again:
+# 10,000 a MiniLM 8 x 128 forward, a fifth of its time (Zen 4). So each thread keeps one buffer of each kind for
+# its life, up to SCRATCH_BYTES a buffer (at most 3 x 32 MiB a thread; 0 turns the reuse off; larger ones stay
+# fresh, or a long prefill's would stay held). Traced, they are the graph's own.
 SCRATCH_BYTES = 32 << 20
 _SCRATCH = threading.local()
 
@@ -257,7 +263,7 @@ _SCRATCH = threading.local()
 def _scratch(kind: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised [shape] tensor of `dtype`, the calling thread's own buffer `kind` where it fits."""
     numel = shape[0] * shape[1]
-    if numel * dtype.itemsize > SCRATCH_BYTES:
+    if numel * dtype.itemsize > SCRATCH_BYTES or torch.compiler.is_compiling():
         return torch.empty(shape, dtype=dtype)
     buffer = getattr(_SCRATCH, kind, None)
     if buffer is None or buffer.numel() < numel:
@@ -322,8 +328,7 @@ def _int8_product(
     (rows scaled by w_scale [O]) + bias -> [N, O] fp32."""
     y = exact_int8_sums(shifted, qdata) if shifted is not None else None  # oneDNN's, where exact (onednn_int8.py)
     if y is None:
-        sums = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))
-        y = sums.to(torch.float32)  # [N, O]
+        y = float_sums(q, qdata, _scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
     y = y.mul_(scale).mul_(w_scale if w_scale.dtype == torch.float32 else w_scale.float())
     if bias is not None:
         y += bias

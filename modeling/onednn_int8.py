@@ -11,7 +11,9 @@ then scales them as before, so the results stay torchao's.
 
 oneDNN takes unsigned activations. On a CPU without VNNI or AMX its u8 x s8 kernel adds pairs of products in 16
 bits, which saturate, so the path checks once, on the worst case, that its sums equal `torch._int_mm`'s, and stays
-off where they do not (or where torch has no oneDNN).
+off where they do not (or where torch has no oneDNN). Inductor does not check: under freezing its x86 lowering
+rewrites torchao's dynamic int8 product (`torch._int_mm` by a constant weight, then the scales) into that kernel on
+any CPU, so there int8.py traces its own product (`float_sums`).
 """
 
 import functools
@@ -68,6 +70,24 @@ def exact_int8_sums(q_unsigned: torch.Tensor, qdata: torch.Tensor) -> torch.Tens
     if torch.compiler.is_compiling() or not qdata.is_cpu or not qlinear_on():
         return None
     return _qlinear(q_unsigned, _packed(qdata), qdata.shape[0])
+
+
+@torch.compiler.assume_constant_result
+def int8_kernels_saturate() -> bool:
+    """`not qlinear_exact()`, which a tracer takes as a constant."""
+    return not qlinear_exact()
+
+
+def float_sums(q: torch.Tensor, qdata: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The sums of q [N, C] int8 by qdata [O, C] int8 as fp32 [N, O]: `torch._int_mm`'s (into `out`, int32),
+    converted. Where oneDNN's int8 kernels saturate (`qlinear_exact()` false: no VNNI or AMX), torch's `_int_mm` is
+    a plain loop (314 ms for 1024 x 384 by 1536 on an AVX2-only Zen 3), and an fp32 product of the integer values
+    gives the same sums in 9: exact while partial sums stay under 2^24 (always up to 1,024 channels; past that,
+    rounded as the int32 sums' conversion to fp32 rounds them). Traced, it also keeps inductor from rewriting
+    `_int_mm` into oneDNN's kernel there."""
+    if int8_kernels_saturate():
+        return torch.mm(q.to(torch.float32), qdata.to(torch.float32).t())
+    return torch._int_mm(q, qdata.t(), out=out).to(torch.float32)
 
 
 def _packed(qdata: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,10 @@ product is written so that inductor makes something faster of it:
 - between, the aten kernel still: a 3584 x 1024 weight compiled as a graph input, 2 rows 0.28 ms (the reduction
   0.35, the bf16 GEMM 0.46), 4 rows 0.37 (0.72, 0.54), 8 rows 0.73 (1.45, 0.72).
 
+That holds where AVX-512 vectorises the reduction and the bf16 GEMM. On an AVX2-only CPU the aten kernel is the
+fastest at every row count (Zen 3, 2 threads, that weight: one row 0.43 ms, the reduction about 1.0; 32 rows 3.5
+ms, the bf16 GEMM 15.3), so there it runs throughout (`REWRITTEN`).
+
 Shapes: N tokens, C channels (the input features), O head outputs (the output features).
 """
 
@@ -32,11 +36,14 @@ def operand_weights() -> bool:
 
 
 _GEMM_ROWS = 8
+REWRITTEN = torch.backends.cpu.get_cpu_capability() not in ("AVX2", "DEFAULT")
 
 
 def operand_int8_product(x16: torch.Tensor, qdata: torch.Tensor) -> torch.Tensor | None:
     """x16 [N, C] bf16 @ qdata [O, C] int8 .T -> [N, O] bf16, as the unit-scaled `_weight_int8pack_mm` gives it;
-    None where that kernel is the faster (2 to 7 rows)."""
+    None where that kernel is the faster (2 to 7 rows, or any on an AVX2-only CPU)."""
+    if not REWRITTEN:
+        return None
     rows = x16.shape[0]
     if rows == 1:
         return (x16.float() * qdata).sum(-1, keepdim=True).T.to(torch.bfloat16)

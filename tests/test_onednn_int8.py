@@ -76,3 +76,19 @@ def test_a_weight_changed_in_place_is_packed_again(converted, monkeypatch):
         monkeypatch.setattr(onednn_int8, "ON", False)
         expected = model(ids).last_hidden_state
     assert not torch.equal(got, before) and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("saturating", [False, True])
+@pytest.mark.parametrize(("rows", "width", "outputs"), [(1, 16, 8), (7, 33, 5), (64, 384, 96), (3, 1024, 4)])
+def test_float_sums_equal_int_mm(monkeypatch, saturating, rows, width, outputs):
+    """`float_sums`, as `torch._int_mm`'s int32 sums converted to fp32 or, where oneDNN's int8 kernels saturate, an
+    fp32 product of the integer values (torch's `_int_mm` is a slow loop there): the same sums, the extremes
+    included, up to 1,024 channels of -128 x -128."""
+    monkeypatch.setattr(onednn_int8, "qlinear_exact", lambda: not saturating)
+    gen = torch.Generator().manual_seed(rows + width)
+    q = torch.randint(-128, 128, (rows, width), dtype=torch.int8, generator=gen)
+    weight = torch.randint(-128, 128, (outputs, width), dtype=torch.int8, generator=gen)
+    q[0], weight[0] = -128, -128  # one row and one output at the extreme: 1,024 x 16,384 = 2^24
+    expected = torch._int_mm(q, weight.t()).to(torch.float32)
+    sums = onednn_int8.float_sums(q, weight, torch.empty(rows, outputs, dtype=torch.int32))
+    assert sums.dtype == torch.float32 and torch.equal(sums, expected)
