@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-from .onednn_int8 import exact_int8_sums, float_sums, int8_kernels_saturate, qlinear_on, unsigned
+from .onednn_int8 import exact_int8_sums, int8_kernels_saturate, qlinear_on, sums_in_fp32, unsigned
 from .operand_weights import operand_int8_product, operand_weights
 
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
@@ -197,7 +197,7 @@ def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-@torch.compiler.assume_constant_result
+@torch.compiler.assume_constant_result  # read on the real weight, as `_int8pack_takes`
 def _saturating_kernel_would_take(weight: torch.Tensor) -> bool:
     return int8_kernels_saturate() and int8_dynamic_parts(weight) is not None
 
@@ -326,9 +326,10 @@ def _int8_product(
 ) -> torch.Tensor:
     """q [N, C] int8 (rows scaled by scale [N, 1]; `shifted`, the same as uint8 + 128, or None) by qdata [O, C] int8
     (rows scaled by w_scale [O]) + bias -> [N, O] fp32."""
-    y = exact_int8_sums(shifted, qdata) if shifted is not None else None  # oneDNN's, where exact (onednn_int8.py)
+    # oneDNN's kernel where exact, or an fp32 product where it saturates (onednn_int8.py); else `_int_mm`.
+    y = exact_int8_sums(shifted, qdata) if shifted is not None else sums_in_fp32(q, qdata)
     if y is None:
-        y = float_sums(q, qdata, _scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32))  # [N, O]
+        y = torch._int_mm(q, qdata.t(), out=_scratch("sums", (q.shape[0], qdata.shape[0]), torch.int32)).float()
     y = y.mul_(scale).mul_(w_scale if w_scale.dtype == torch.float32 else w_scale.float())
     if bias is not None:
         y += bias

@@ -13,7 +13,7 @@ oneDNN takes unsigned activations. On a CPU without VNNI or AMX its u8 x s8 kern
 bits, which saturate, so the path checks once, on the worst case, that its sums equal `torch._int_mm`'s, and stays
 off where they do not (or where torch has no oneDNN). Inductor does not check: under freezing its x86 lowering
 rewrites torchao's dynamic int8 product (`torch._int_mm` by a constant weight, then the scales) into that kernel on
-any CPU, so there int8.py traces its own product (`float_sums`).
+any CPU, so there int8.py traces its own product (`sums_in_fp32`).
 """
 
 import functools
@@ -78,16 +78,27 @@ def int8_kernels_saturate() -> bool:
     return not qlinear_exact()
 
 
-def float_sums(q: torch.Tensor, qdata: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The sums of q [N, C] int8 by qdata [O, C] int8 as fp32 [N, O]: `torch._int_mm`'s (into `out`, int32),
-    converted. Where oneDNN's int8 kernels saturate (`qlinear_exact()` false: no VNNI or AMX), torch's `_int_mm` is
-    a plain loop (314 ms for 1024 x 384 by 1536 on an AVX2-only Zen 3), and an fp32 product of the integer values
-    gives the same sums in 9: exact while partial sums stay under 2^24 (always up to 1,024 channels; past that,
-    rounded as the int32 sums' conversion to fp32 rounds them). Traced, it also keeps inductor from rewriting
-    `_int_mm` into oneDNN's kernel there."""
-    if int8_kernels_saturate():
-        return torch.mm(q.to(torch.float32), qdata.to(torch.float32).t())
-    return torch._int_mm(q, qdata.t(), out=out).to(torch.float32)
+# fp32 adds integers exactly below 2^24: 1,024 channels of products of at most 128 x 128.
+_EXACT_CHANNELS = 1024
+
+
+def sums_in_fp32(q: torch.Tensor, qdata: torch.Tensor) -> torch.Tensor | None:
+    """The sums of q [N, C] int8 by qdata [O, C] int8 as fp32 [N, O], multiplied in fp32, where oneDNN's int8
+    kernels saturate (no VNNI or AMX): torch's `_int_mm` is a plain loop there (314 ms for 1024 x 384 by 1536 on an
+    AVX2-only Zen 3; this, 9). Exact: 1,024 channels at a time, added as int32 past that, so the result is
+    `_int_mm`'s converted to fp32, bit for bit. Traced, it also keeps inductor from rewriting `_int_mm` into
+    oneDNN's kernel there (freezing then holds the weights as fp32 constants). None elsewhere."""
+    if not int8_kernels_saturate():
+        return None
+    chunks = [
+        torch.mm(
+            q[:, i : i + _EXACT_CHANNELS].to(torch.float32), qdata[:, i : i + _EXACT_CHANNELS].to(torch.float32).t()
+        )
+        for i in range(0, max(q.shape[1], 1), _EXACT_CHANNELS)
+    ]
+    if len(chunks) == 1:
+        return chunks[0]
+    return torch.stack([chunk.to(torch.int32) for chunk in chunks]).sum(0, dtype=torch.int32).to(torch.float32)
 
 
 def _packed(qdata: torch.Tensor) -> torch.Tensor:

@@ -78,17 +78,21 @@ def test_a_weight_changed_in_place_is_packed_again(converted, monkeypatch):
     assert not torch.equal(got, before) and torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("saturating", [False, True])
-@pytest.mark.parametrize(("rows", "width", "outputs"), [(1, 16, 8), (7, 33, 5), (64, 384, 96), (3, 1024, 4)])
-def test_float_sums_equal_int_mm(monkeypatch, saturating, rows, width, outputs):
-    """`float_sums`, as `torch._int_mm`'s int32 sums converted to fp32 or, where oneDNN's int8 kernels saturate, an
-    fp32 product of the integer values (torch's `_int_mm` is a slow loop there): the same sums, the extremes
-    included, up to 1,024 channels of -128 x -128."""
-    monkeypatch.setattr(onednn_int8, "qlinear_exact", lambda: not saturating)
+@pytest.mark.parametrize(
+    ("rows", "width", "outputs"), [(1, 16, 8), (7, 33, 5), (64, 384, 96), (3, 1024, 4), (2, 4096, 3)]
+)
+def test_sums_in_fp32_equal_int_mm_where_the_int8_kernels_saturate(monkeypatch, rows, width, outputs):
+    """Where oneDNN's int8 kernels saturate, the sums are an fp32 product of the integer values (torch's `_int_mm` is
+    a slow loop there): `_int_mm`'s sums converted to fp32, bit for bit, the extremes included (-128 x -128 over
+    1,024 channels is 2^24; 4,096 channels go 1,024 at a time). Elsewhere it leaves the product to the others."""
     gen = torch.Generator().manual_seed(rows + width)
     q = torch.randint(-128, 128, (rows, width), dtype=torch.int8, generator=gen)
     weight = torch.randint(-128, 128, (outputs, width), dtype=torch.int8, generator=gen)
-    q[0], weight[0] = -128, -128  # one row and one output at the extreme: 1,024 x 16,384 = 2^24
+    q[0], weight[0] = -128, -128
+    q[-1, 1::2], weight[-1, ::2] = 127, 127  # partial sums that rise past 2^24 and fall back
     expected = torch._int_mm(q, weight.t()).to(torch.float32)
-    sums = onednn_int8.float_sums(q, weight, torch.empty(rows, outputs, dtype=torch.int32))
+    monkeypatch.setattr(onednn_int8, "qlinear_exact", lambda: True)
+    assert onednn_int8.sums_in_fp32(q, weight) is None
+    monkeypatch.setattr(onednn_int8, "qlinear_exact", lambda: False)
+    sums = onednn_int8.sums_in_fp32(q, weight)
     assert sums.dtype == torch.float32 and torch.equal(sums, expected)
