@@ -17,14 +17,13 @@ import re
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import transformers
-from harness import command_line, machine_line, parse, table, write_report
+from harness import command_line, machine_line, parse, python, table, write_report
 from safetensors.torch import save_file
 from transformers.core_model_loading import revert_weight_conversion
 
@@ -116,7 +115,7 @@ def main() -> None:
         src.mkdir()
         layers = layers_for(args.gb, fields)
         total, shards = write_random_checkpoint(src, {**fields, "num_hidden_layers": layers}, shard_bytes)
-        command = [sys.executable, "-m", "fivefold", "convert", str(src), str(dst), "--max-shard-size"]
+        command = [python(), "-m", "fivefold", "convert", str(src), str(dst), "--max-shard-size"]
         peak, seconds = peak_rss_of([*command, str(shard_bytes)])
         written = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
     header = ["checkpoint", "shards", "peak RSS", "peak / checkpoint", "peak / shard", "seconds", "written"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import transformers
-from harness import checkpoints, command_line, machine_line, parse, size, table, write_report
+from harness import checkpoints, command_line, machine_line, parse, python, size, table, write_report
 from transformers.distributed import DistributedConfig
 
 import fivefold
@@ -136,7 +136,7 @@ def free_port() -> int:
 
 
 def launch(kind: str, processes: int, distributed: bool, folder: Path, args) -> list[dict]:
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
+    command = [python(), "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     command += [f"--master_port={free_port()}", __file__, "--worker", kind, str(folder), str(distributed)]
     command += ["--backend", args.backend, "--runs", str(args.runs), "--new-tokens", str(args.new_tokens)]
     command += ["--threads", str(args.threads)] if args.threads else []

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,13 @@ def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     return args
+
+
+def python() -> str:
+    """The interpreter a script's fresh processes run: this one, or the one `FIVEFOLD_BENCHMARK_PYTHON` names
+    (tests/test_benchmarks.py names a warm one, whose children skip the imports; their memory figures are then
+    the caller's, and only the --quick tables are checked)."""
+    return os.environ.get("FIVEFOLD_BENCHMARK_PYTHON", sys.executable)
 
 
 def size(model_type: str, hub_id: str, quick: bool) -> tuple[dict, str]:

@@ -19,7 +19,6 @@ the checkpoint size and the RSS of a process that only imports the libraries.
 import argparse
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ from harness import (
     command_line,
     machine_line,
     parse,
+    python,
     table,
     timing_results,
     write_report,
@@ -145,7 +145,7 @@ def load_only(which: str, folder: str) -> None:
 
 def peak_rss(which: str, folder: Path) -> int:
     """Bytes: the maximum resident set size of a fresh process loading `folder`."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--load-only", which, str(folder)]
+    cmd = ["/usr/bin/time", "-v", python(), __file__, "--load-only", which, str(folder)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=True)
     kbytes = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
     return int(kbytes.group(1)) * 1024

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import transformers
 from cgroup import MemoryCgroup, cgroups_available, disk_bandwidth, drop_from_page_cache, read_bytes
-from harness import checkpoints, command_line, machine_line, parse, table, write_report
+from harness import checkpoints, command_line, machine_line, parse, python, table, write_report
 
 REDUCED = dict(
     vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_local_experts=8, num_experts_per_tok=2,
@@ -137,7 +137,7 @@ def run_contender(job: dict, limit: int | None, use_cgroup: bool, fresh: bool = 
         job = {**job, "offload": tmp}
         if not fresh:
             return {**child(job), "peak": None}
-        command = [sys.executable, __file__, "--child", json.dumps(job)]
+        command = [python(), __file__, "--child", json.dumps(job)]
         group = MemoryCgroup(f"fivefold-offload-{os.getpid()}-{time.monotonic_ns()}", limit) if use_cgroup else None
         prefix = f"echo $$ > {group.path / 'cgroup.procs'} && exec " if group else "exec "
         try:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import transformers
 from cgroup import MemoryCgroup, cgroups_available, disk_bandwidth, drop_from_page_cache, read_bytes
-from harness import command_line, machine_line, parse, table, write_report
+from harness import command_line, machine_line, parse, python, table, write_report
 from offload import expert_bytes
 from safetensors.torch import save_file
 
@@ -146,7 +146,7 @@ def generate_child(job: dict) -> dict:
 
 def in_cgroup(step: str, job: dict, limit: int | None) -> dict:
     """A child step in a fresh process inside a memory cgroup (none when not root): its result and peak charge."""
-    command = [sys.executable, __file__, "--child", step, json.dumps(job)]
+    command = [python(), __file__, "--child", step, json.dumps(job)]
     group = MemoryCgroup(f"fivefold-big-{step}-{time.monotonic_ns()}", limit) if cgroups_available() else None
     prefix = f"echo $$ > {group.path / 'cgroup.procs'} && exec " if group else "exec "
     try:

@@ -28,7 +28,6 @@ kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, 
 
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 import transformers
 from encoders import REAL, batches, onnxruntime_model, real_checkpoint
 from gpt2 import read_bandwidth
-from harness import alternate, checkpoints, command_line, machine_line, parse, size, table, write_report
+from harness import alternate, checkpoints, command_line, machine_line, parse, python, size, table, write_report
 
 import fivefold
 from fivefold.architectures import NAMES
@@ -170,7 +169,7 @@ def load_memory(folder: Path, quantized: bool) -> tuple[int, int, float]:
     ru_maxrss keeps the forking parent's across exec, the whole benchmark's models) and counts the checkpoint's
     pages a loader maps; what stays afterwards is the model, the interpreter and its libraries."""
     script = PEAK_RSS.format(benchmarks=str(Path(__file__).parent), quantized=quantized, folder=str(folder))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    done = subprocess.run([python(), "-c", script], capture_output=True, text=True, check=True)
     peak, anonymous, seconds = done.stdout.split()[-3:]
     return int(peak), int(anonymous), float(seconds)
 

