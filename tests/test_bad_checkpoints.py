@@ -8,9 +8,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import warnings
 
+import launching
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -34,7 +34,10 @@ def _rewrite_tensors(folder, change):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fivefold", *map(str, args)], capture_output=True, text=True)
+    """`python -m fivefold ARGS` in a process of its own (a child of the session's warm interpreter,
+    tests/launching.py: the start-up is most of a CLI call's time)."""
+    command = [*launching.warm(), "-m", "fivefold", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=launching.environment())
 
 
 def _cli_in_process(*args) -> tuple[int, str]:

@@ -5,6 +5,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import launching
 import pytest
 
 from fivefold.architectures import ARCHITECTURES
@@ -40,7 +41,8 @@ def test_wheel_maps_the_top_level_folders(tmp_path):
 
 @pytest.mark.slow
 def test_demo_prints_a_parity_table():
-    result = subprocess.run([sys.executable, "-m", "fivefold", "demo"], capture_output=True, text=True, timeout=600)
+    command = [*launching.warm(), "-m", "fivefold", "demo"]  # the start-up skipped (tests/launching.py)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=launching.environment())
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("bert") and "FivefoldBertForPreTraining" in line for line in lines)
