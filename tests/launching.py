@@ -1,9 +1,10 @@
 """Starting N gloo processes from a test: a free port, torchrun's environment, each process group killed when time
 runs out (a hang fails the test, never CI), and every rank's output in the failure message.
 
-With `warmed=True` (`python`, `torchrun_command`) a process is a child forked from one interpreter per test
-session that has imported torch, transformers (Trainer too), fivefold and torch.distributed.checkpoint once
-(tests/warm_python.py): `import fivefold` is 5-12 s of every fresh interpreter, most of a small multi-process test.
+`launch`'s ranks, and with `warmed=True` (`python`, `torchrun_command`) any process, are children forked from one
+interpreter per test session that has imported torch, transformers (Trainer too), fivefold and
+torch.distributed.checkpoint once (tests/warm_python.py): `import fivefold` is 5-12 s of every fresh interpreter,
+most of a small multi-process test.
 It is still a process of its own, started from a state no other process or earlier run touched; its launcher
 (torchrun's agent, or the test) sees it end as it ended, by its exit code or by its signal."""
 
@@ -138,7 +139,7 @@ def launch(worker: str, world_size: int, tmp_path: Path, args: dict, timeout: fl
         )
         for rank in range(world_size)
     ]
-    commands = [[sys.executable, str(WORKERS / f"{worker}.py"), str(tmp_path)]] * world_size
+    commands = [[*warm(), str(WORKERS / f"{worker}.py"), str(tmp_path)]] * world_size
     _run(commands, envs, timeout, tmp_path)
     return [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in range(world_size)]
 

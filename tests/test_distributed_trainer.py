@@ -12,10 +12,10 @@ from launching import WORKERS, torchrun
 from fivefold.architectures import NAMES
 
 
-@pytest.mark.slow  # two torchrun launches, about 70 s
+@pytest.mark.slow  # two torchrun launches
 def test_trainer_under_torchrun_equals_one_process(tmp_path):
     for nproc in (2, 1):
-        torchrun([str(WORKERS / "trainer.py"), str(tmp_path)], nproc, tmp_path, timeout=600)
+        torchrun([str(WORKERS / "trainer.py"), str(tmp_path)], nproc, tmp_path, timeout=600, warmed=True)
         for rank in range(nproc):
             results = json.loads((tmp_path / f"result-{rank}.json").read_text())
             assert set(results) == set(NAMES)

@@ -44,12 +44,19 @@ def _config():
     return build_config(BERT, {**BERT.tiny, "model_type": "bert"}, TARGET, Path("tiny"))
 
 
-def test_each_class_is_built_once(meta_builds):
+def test_each_class_is_built_once_and_only_when_asked_about(meta_builds):
     config = _config()
     shapes, _ = validation.expected_tensors(TARGET, config)
     dtypes = validation.expected_dtypes(TARGET, config)
+    validation.check_tensors(BERT, TARGET, config, shapes, None, strict=True, dtypes=dtypes)
+    assert meta_builds == {TARGET.__name__: 1}  # the target's own tensors: no other head is built
+    # The pooler, which the masked-LM head lacks: found among the other heads' tensors, each built once.
+    prefix = validation.our_prefix(BERT, TARGET)
+    pooler = {k: v for k, v in validation.expected_tensors(BERT.base_model, config)[0].items() if ".pooler." in f".{k}"}
+    assert pooler
+    with_pooler = {**shapes, **{f"{prefix}.{k}" if prefix else k: shape for k, shape in pooler.items()}}
     for _ in range(2):
-        validation.check_tensors(BERT, TARGET, config, shapes, None, strict=True, dtypes=dtypes)
+        validation.check_tensors(BERT, TARGET, config, with_pooler, None, strict=True, dtypes=dtypes)
     validation.expected_tensors(TARGET, _config())  # another object, the same content
     assert meta_builds == {cls.__name__: 1 for cls in BERT.models.values()}
 
