@@ -54,7 +54,7 @@ def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
 def python() -> str:
     """The interpreter a script's fresh processes run: this one, or the one `FIVEFOLD_BENCHMARK_PYTHON` names
     (tests/test_benchmarks.py names a warm one, whose children skip the imports; their memory figures are then
-    the caller's, and only the --quick tables are checked)."""
+    not a fresh process's, and only the --quick tables are checked)."""
     return os.environ.get("FIVEFOLD_BENCHMARK_PYTHON", sys.executable)
 
 

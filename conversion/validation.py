@@ -134,7 +134,8 @@ def check_tensors(
     check_tensor_count(config, len(shapes))
     expected, tied = expected_tensors(target, config)
     # The other heads' tensors only where a key is not the target's own: each head is a model built on the meta
-    # device (Qwen3-30B-A3B's 6,144 experts: seconds a head).
+    # device (Qwen3-30B-A3B's 6,144 experts: seconds a head). So a config that builds the target converts whatever
+    # another head would make of it.
     known = None
     needed = expected_dtypes(target, config) if dtypes else {}
     for key, dtype in (dtypes or {}).items():

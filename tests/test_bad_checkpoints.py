@@ -41,7 +41,8 @@ def _cli(*args):
 
 
 def _cli_in_process(*args) -> tuple[int, str]:
-    """The `fivefold` command without a new interpreter (seconds saved per case); one test runs the real one."""
+    """The `fivefold` command in this process (seconds saved per case); two tests run it as a process of its own
+    (`_cli`)."""
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
         code = cli.main([str(a) for a in args])

@@ -4,8 +4,9 @@ The scripts run one after another in one fresh interpreter (each as `python benc
 would run it, its own argv and `__main__`), killed with its process group when it hangs: the start-up of torch and
 transformers is paid once, not once a script. The processes a script starts itself (loading processes, torchrun's
 ranks) run through a warm interpreter (tests/warm_python.py, named by `FIVEFOLD_BENCHMARK_PYTHON`), which skips
-their start-up too: the memory they report is then the caller's, not checked here. One OpenMP thread a process,
-as torchrun gives its ranks (a rank's environment must be the server's to be served warm).
+their start-up too: they run in the memory cgroups the scripts make, but the memory they report is not a fresh
+process's (not checked here). One OpenMP thread a process, as torchrun gives its ranks (a rank's environment must
+be the server's to be served warm).
 """
 
 import json

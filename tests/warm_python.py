@@ -9,9 +9,13 @@ child of the server with the caller's working folder, environment and standard s
 descriptors), and ends as the child ends: with its exit code, or killed by the same signal (so that a launcher such
 as torchrun sees `Signal 9 (SIGKILL)` when a rank killed itself). A signal that would end the caller (SIGTERM,
 SIGINT, SIGHUP, SIGQUIT: torchrun stopping its workers) is passed on to the child first. A call whose environment
-differs from the server's in more than the shell's variables, PYTHONPATH and the variables a launcher gives each
-rank (RANK, MASTER_PORT, TORCHELASTIC_*, ...) runs a real interpreter instead: the imports read the environment once
-(OpenMP its thread count, huggingface_hub its offline flag), so a variable set later could be missed. The server
+differs from the server's (before its imports; the variables its imports added may be there, with their values)
+in more than the shell's variables, PYTHONPATH and the variables a launcher gives each rank (RANK, MASTER_PORT,
+TORCHELASTIC_*, ...) runs a real interpreter instead: the imports read the environment once (OpenMP its thread
+count, huggingface_hub its offline flag), so a variable set later could be missed. So does a call with
+interpreter options (`-u`, `-X ...`), and one from a memory cgroup the child cannot join: the child runs in the
+caller's, as a process the caller started would (what the server's imports hold stays charged to the server's;
+a benchmark's limit applies to what the child adds). The server
 never computes, so its children fork with no thread pool started, and its objects are frozen out of the garbage
 collector, so that a child's collections do not copy the pages they sit on. When the caller dies (a test's timeout
 kills its process group), its child is killed. Linux 5.3 or later (a pidfd watches the child)."""
@@ -114,23 +118,51 @@ def stop(server: subprocess.Popen, path: str) -> None:
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-def warm_enough(asked: dict, server: dict) -> bool:
+def warm_enough(asked: dict, server: dict, added: dict) -> bool:
+    """Whether `asked` is the server's environment `server` (before its imports), up to the variables that may
+    differ and those the imports `added`, with the values they set."""
+
     def fixed(env: dict) -> dict:
-        return {k: v for k, v in env.items() if k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES)}
+        return {
+            k: v
+            for k, v in env.items()
+            if k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES) and not (k in added and added[k] == v)
+        }
 
     return fixed(asked) == fixed(server)
 
 
+def _memory_cgroup(membership: str) -> str:
+    """The folder of the memory cgroup that a /proc/PID/cgroup text names (v1's memory controller, else v2's)."""
+    unified = ""
+    for line in membership.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return f"/sys/fs/cgroup/memory{path}"
+        if not controllers:
+            unified = f"/sys/fs/cgroup{path}"
+    return unified
+
+
+def _move_to(cgroup: str) -> bool:
+    """Moves this process into the cgroup folder; whether it could."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
 def serve(path: str, preload: list[str]) -> None:
-    environment = dict(os.environ)  # a shell's call: the environment before the imports
+    environment = dict(os.environ)  # before the imports
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)  # calls made during the imports wait in the backlog
     for module in preload:
         importlib.import_module(module)
-    # A call from a process that made the same imports: some of them set variables of their own
-    # (TORCHINDUCTOR_CACHE_DIR, say), with the same values there.
-    imported = dict(os.environ)
+    # A caller that made the same imports holds the variables they add (TORCHINDUCTOR_CACHE_DIR here).
+    added = {k: v for k, v in os.environ.items() if k not in environment}
     gc.freeze()  # what the imports made is never collected: a child's collections leave its pages shared
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     while True:
@@ -138,22 +170,29 @@ def serve(path: str, preload: list[str]) -> None:
         if os.fork() == 0:
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os._exit(keep(connection, (environment, imported)))
+            os._exit(keep(connection, environment, added))
         connection.close()
 
 
-def keep(connection: socket.socket, environments: tuple[dict, dict]) -> int:
+def keep(connection: socket.socket, environment: dict, added: dict) -> int:
     """One call: forks the child that runs it, sends the caller the child's pid, then how the child ended (its wait
     status); kills the child if the caller goes first."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 22, 3)
     request = json.loads(message)
-    if not any(warm_enough(request["env"], environment) for environment in environments):
+    # The child starts in the caller's memory cgroup: this keeper joins it before the fork and leaves it after (the
+    # caller may remove the cgroup as soon as the child has ended).
+    with open("/proc/self/cgroup") as membership:
+        own = _memory_cgroup(membership.read())
+    theirs = _memory_cgroup(request["cgroup"])
+    if not warm_enough(request["env"], environment, added) or (theirs != own and not _move_to(theirs)):
         connection.sendall(b"cold")
         return 0
     child = os.fork()
     if child == 0:
         connection.close()
         os._exit(run_call(request, fds))
+    if theirs != own:
+        _move_to(own)
     for fd in fds:
         os.close(fd)
     connection.sendall(b"warm" + struct.pack("!i", child))
@@ -232,7 +271,11 @@ def call(path: str, argv: list[str]) -> int:
         connection.connect(path)
     except OSError:  # no server (it failed to start, or was stopped)
         os.execv(sys.executable, cold)
-    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    if argv[0].startswith("-") and argv[0] not in ("-m", "-c"):  # interpreter options: a real interpreter's
+        os.execv(sys.executable, cold)
+    with open("/proc/self/cgroup") as membership:
+        cgroup = membership.read()
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "cgroup": cgroup}).encode()
     socket.send_fds(connection, [request], [0, 1, 2])
     answer = _receive(connection, 8)
     if answer[:4] != b"warm":
