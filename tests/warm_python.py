@@ -266,12 +266,12 @@ def _receive(connection: socket.socket, size: int) -> bytes:
 
 def call(path: str, argv: list[str]) -> int:
     cold = [sys.executable, *argv]
+    if argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):  # interpreter options: a real interpreter's
+        os.execv(sys.executable, cold)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(path)
     except OSError:  # no server (it failed to start, or was stopped)
-        os.execv(sys.executable, cold)
-    if argv[0].startswith("-") and argv[0] not in ("-m", "-c"):  # interpreter options: a real interpreter's
         os.execv(sys.executable, cold)
     with open("/proc/self/cgroup") as membership:
         cgroup = membership.read()
