@@ -37,7 +37,7 @@ def _cli(*args):
     """`python -m fivefold ARGS` in a process of its own (a child of the session's warm interpreter,
     tests/launching.py: the start-up is most of a CLI call's time)."""
     command = [*launching.warm(), "-m", "fivefold", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, env=launching.environment())
+    return subprocess.run(command, capture_output=True, text=True, env=launching.environment(), timeout=600)
 
 
 def _cli_in_process(*args) -> tuple[int, str]:
