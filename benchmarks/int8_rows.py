@@ -14,7 +14,13 @@ caches), beside a plain sum over the same bytes (the read bandwidth `benchmarks/
 - inductor int8 GEMM: `_weight_int8pack_mm` compiled with freezing and max-autotune (inductor's own GEMM on
   constant weights), every other compiled int8 product at one row.
 
+`--rows` measures instead where eager int8 leaves the kernel: products of 1 to 512 rows through the aten int8
+kernel and through torchao's own path (the int8 weight converted to fp32, oneDNN's GEMM, then the scales), per
+weight, on GPT-2's 768 x 768, the expert's shape and a SmolLM2-sized up projection
+(`fivefold.modeling.int8.INT8PACK_MAX_ROWS`).
+
     python benchmarks/int8_rows.py --threads 2
+    python benchmarks/int8_rows.py --threads 2 --rows
     python benchmarks/int8_rows.py --quick        # 4 weights, seconds: a smoke test
 """
 
@@ -44,10 +50,49 @@ def reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.float() * w).sum(-1, keepdim=True).T.to(x.dtype)
 
 
+def torchao_path(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, w.t().to(x.dtype)) * scale  # torchao's weight-only product for a per-row Int8Tensor
+
+
+def many_rows(args) -> list[str]:
+    """Per product, ms: the aten int8 kernel against torchao's own path, by rows, over weights beyond the caches."""
+    shapes = [(768, 768, 96), (OUT, IN, 16), (8192, 2048, 4)]  # (out, in, how many: 56-67 MB of int8)
+    counts = (1, 16, 64, 128) if args.quick else (1, 16, 32, 64, 128, 256, 512)
+    out = []
+    for rows_out, rows_in, count in shapes:
+        count = 2 if args.quick else count
+        weights = [torch.randint(-127, 128, (rows_out, rows_in), dtype=torch.int8) for _ in range(count)]
+        scale = torch.rand(rows_out) / 100
+        for rows in counts:
+            x = torch.randn(rows, rows_in)
+            calls = {
+                "kernel": lambda: [aten_int8(x.bfloat16(), w).float() * scale for w in weights],  # noqa: B023
+                "torchao": lambda: [torchao_path(x, w, scale) for w in weights],  # noqa: B023
+            }
+            with torch.no_grad():
+                for call in calls.values():
+                    call()
+                times = alternate(calls, args.runs)
+            kernel, torchao = (times[k].median / count * 1e3 for k in calls)
+            out.append(
+                [f"{rows_out} x {rows_in}", str(rows), f"{kernel:.3f}", f"{torchao:.3f}", f"{kernel / torchao:.2f}x"]
+            )
+    header = ["weight", "rows", "aten int8 ms", "torchao's path ms", "int8 / torchao"]
+    return [machine_line(f"products by rows, medians of {args.runs}"), "", *table(header, out)]
+
+
 def main() -> None:
     parser = command_line(__doc__)
     parser.add_argument("--gib", type=float, default=1.0, help="the weights' int8 bytes together, in GiB")
+    parser.add_argument("--rows", action="store_true", help="many-row products: the kernel against torchao's path")
     args = parse(parser)
+    parts = [one_row(args)] if args.quick or not args.rows else []  # --quick smoke-tests both
+    parts += [many_rows(args)] if args.quick or args.rows else []
+    write_report([line for part in parts for line in [*part, ""]][:-1], args.out, args.json)
+
+
+def one_row(args) -> list[str]:
+    """GB/s of int8 weights (of fp32 ones for fp32's linear and the sum) read by each kernel at one row."""
     gib = 0.02 if args.quick else args.gib
     count = max(4, int(gib * 2**30 / (OUT * IN)) // 4 * 4)
     int8 = [torch.randint(-127, 128, (OUT, IN), dtype=torch.int8) for _ in range(count)]
@@ -77,8 +122,7 @@ def main() -> None:
         fast, slow = timing.spread
         rows.append([label, f"{total / timing.median / 1e9:.1f}", f"{total / slow / 1e9:.1f}-{total / fast / 1e9:.1f}"])
     lines = [machine_line(f"{count} weights of {OUT} x {IN}, {total / 2**30:.2f} GiB int8, medians of {args.runs}")]
-    lines += ["", *table(["product (one row)", "GB/s", "spread"], rows)]
-    write_report(lines, args.out, args.json)
+    return [*lines, "", *table(["product (one row)", "GB/s", "spread"], rows)]
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Identical random weights (seed 0), every contender of a table timed alternately 
   both again with `include_input_output_embeddings=True` ("+ tables": the embedding table and the LM head
   quantized too, which fivefold does and stock does not for a table or a head tied to it). Tokens/s, the step
   (64 tokens minus 1), the step's floor (the bytes of weights a step reads, int8 for the quantized ones, at the
-  read bandwidth measured in the same run, as `benchmarks/gpt2.py`), and how many of the 64 tokens agree with
-  fp32's;
+  read bandwidth measured in the same run, as `benchmarks/gpt2.py`), the prompt's forward (a one-token
+  generation; `--prompt 512` for a long one), and how many of the 64 tokens agree with fp32's;
 - the reduced Mixtral (hidden 1024, 8 experts, top-2, 4 layers): the same contenders (every expert quantized),
   and the memory of a fresh process loading the fp32 and the int8 model: its peak RSS (the checkpoint pages a
   loader maps count), the anonymous memory it holds once loaded (the model, the interpreter, its libraries) and
@@ -20,7 +20,7 @@ Identical random weights (seed 0), every contender of a table timed alternately 
 With `--compiled`, the three decoders again, each contender compiled (fivefold's mixture with each expert behind
 `torch.cond`, so that a step reads only the experts its token chose), beside fivefold's fp32 model in eager.
 Every report starts with the CPU capability torch dispatches to (AVX2, AVX512, AMX): fivefold's int8 decoding
-kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX-512 on, and off below.
+kernel (`_weight_int8pack_mm`, modeling/int8.py) is vectorised from AVX2 on, and off below.
 
     python benchmarks/quantized.py                 # markdown tables to stdout
     python benchmarks/quantized.py --quick         # tiny models, seconds: a smoke test
@@ -143,7 +143,7 @@ def decoding(name: str, found, config, args, bandwidth: float, compiled: bool = 
         if compiled:
             rows[-1].append(f"{tps / (new / times[EAGER_FP32, new].median):.2f}x")
         rows[-1] += [f"{vs_stock:.2f}x", f"{step_ms:.1f}", f"{floor_ms:.1f}", f"{step_ms / floor_ms:.2f}x"]
-        rows[-1].append(f"{agree}/{new}")
+        rows[-1] += [f"{times[label, 1].median * 1e3:.0f}", f"{agree}/{new}"]  # a one-token generation: the prompt
         if compiled:
             rows[-1].append(f"{first_seconds[label]:.0f}")
     return rows
@@ -296,7 +296,7 @@ def main() -> None:
                 cells += [f"{fp32[2]:.1f}", f"{quantized[2]:.1f}"]
                 memory.append(["mixtral", *cells])
     header = ["model", "modules quantized", "tok/s", "vs fivefold fp32", "vs stock int8", "step ms", "floor ms"]
-    header += ["step / floor", "tokens as fp32"]
+    header += ["step / floor", "prompt ms", "tokens as fp32"]
     lines += ["", *table(header, rows)]
     if args.compiled:
         rows = []

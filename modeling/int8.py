@@ -2,18 +2,14 @@
 
 `TorchAoConfig(Int8WeightOnlyConfig())` swaps each linear's weight for an `Int8Tensor` (per-row int8 `qdata`
 [O, C] and `scale` [O, 1]) and keeps the module. Its own CPU path converts the whole int8 weight to the
-activations' dtype on every call and multiplies in floating point: it reads the int8 weight, writes and reads a
-full-precision copy, and decodes slower than fp32. `torch.ops.aten._weight_int8pack_mm` multiplies by the int8
-weight directly (x @ (qdata * scale).T, with x and the sums rounded to bf16: the kernel is vectorised for bf16
-activations only), so a decoding step reads one byte a weight. torch vectorises that kernel for bf16
-activations from AVX2 on (an AVX2-only Zen 3 read int8 weights at 9.4 GB/s where fp32's F.linear read fp32 ones at
-14, and torchao's path at 0.4); without AVX2 the path stays off (`INT8PACK_CAPABILITIES`).
+activations' dtype on every call and multiplies in floating point, which decodes slower than fp32.
+`torch.ops.aten._weight_int8pack_mm` multiplies by the int8 weight directly (x @ (qdata * scale).T, with x and the
+sums rounded to bf16: the kernel is vectorised for bf16 activations only, from AVX2 on), so a decoding step reads
+one byte a weight (an AVX2-only Zen 3: 9.4 GB/s of int8 weights, fp32's F.linear 14 of fp32 ones, torchao's 0.4).
 
 Under torch.compile, torchao's weight-only product traces as a dequantization and a full-precision matmul, which
-freezing folds back into full-precision constants. `traced_int8_linear` hands dynamo the int8 product itself:
-inductor lowers `_weight_int8pack_mm` to the aten kernel, or, with frozen weights and `max-autotune`, to an int8
-GEMM it generates for the weight's shape, which streams int8 weights at DRAM speed where the aten kernel is bound
-by its arithmetic.
+freezing folds back into full-precision constants. `traced_int8_linear` hands dynamo the int8 product itself, which
+inductor lowers to the aten kernel or (frozen weights, `max-autotune`) to an int8 GEMM streaming at DRAM speed.
 
 `Int8DynamicActivationInt8WeightConfig()` quantizes the activations too, per row and symmetrically, at every call.
 torchao's path multiplies in int8 (`torch._int_mm`) but spends more time around the product than in it (a dozen
@@ -40,9 +36,11 @@ from .operand_weights import operand_int8_product, operand_weights
 # torch.backends.cpu.get_cpu_capability() values under which _weight_int8pack_mm is vectorised.
 INT8PACK_CAPABILITIES = frozenset({"AVX2", "AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
 _INT8PACK = getattr(getattr(torch.ops, "aten", None), "_weight_int8pack_mm", None)
-
-
 _ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
+# The kernel multiplies row by row, bound by its arithmetic; torchao's own path (a converted copy of the weight, then
+# oneDNN's GEMM) pays for the copy at every call and is faster past 50-100 rows in GPT-2's forward, ~160 for an
+# 8192 x 2048 weight (AVX2 Zen 3; `benchmarks/int8_rows.py --rows`). The kernel takes max(64, weights / 100,000).
+INT8PACK_MIN_ROWS, INT8PACK_WEIGHTS_A_ROW = 64, 100_000
 
 
 def _capability() -> str:
@@ -85,8 +83,7 @@ def _per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | N
 
 @torch.compiler.assume_constant_result
 def _is_per_row_int8(weight: torch.Tensor) -> bool:
-    """`_per_row_int8(weight) is not None`, which a tracer takes as a constant found on the real weight (it reads
-    the zero points' values)."""
+    """`_per_row_int8(weight) is not None`, a constant to a tracer, found on the real weight (its zero points)."""
     return _per_row_int8(weight) is not None
 
 
@@ -137,6 +134,8 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     where the kernel is vectorised; None where it does not apply."""
     if not INT8PACK_ON or not x.is_cpu or x.dtype not in _ACTIVATIONS:
         return None
+    if x.numel() > max(INT8PACK_MIN_ROWS, weight.numel() // INT8PACK_WEIGHTS_A_ROW) * x.shape[-1]:
+        return None  # torchao's path is the faster
     packed = _once_per_weight("int8pack", weight, _int8pack_operands)
     if packed is None:
         return None

@@ -257,9 +257,9 @@ def _arch(model_type: str) -> Architecture:
 
 
 def test_int8_weights_run_torchs_int8_kernel(unquantized, monkeypatch):
-    """torchao int8 weight-only on Mixtral through `_weight_int8pack_mm` (forced on where torch runs it scalar):
-    every quantized linear, experts included, takes the kernel, as close to the unquantized model as torchao's own
-    path (the kernel's bf16 activations round no coarser than the int8 weights)."""
+    """torchao int8 weight-only on Mixtral through `_weight_int8pack_mm` (forced on where torch runs it scalar, and
+    at every row count): every quantized linear, experts included, takes the kernel, as close to the unquantized
+    model as torchao's own path (the kernel's bf16 activations round no coarser than the int8 weights)."""
     pytest.importorskip("torchao")
     from fivefold.modeling import int8
 
@@ -276,6 +276,7 @@ def test_int8_weights_run_torchs_int8_kernel(unquantized, monkeypatch):
     calls = []
     kernel = int8._INT8PACK
     monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    monkeypatch.setattr(int8, "INT8PACK_MIN_ROWS", 1 << 20)  # every product, however many rows
 
     def checked(x, q, s):  # each call within bf16's rounding of the exact sums (x is bf16 already)
         y = kernel(x, q, s)
@@ -411,6 +412,33 @@ def test_dynamic_int8_buffers_are_reused_without_mixing_calls(monkeypatch):
         monkeypatch.setattr(int8, "SCRATCH_BYTES", 64)
         got, want = both(batches[0])
         assert torch.equal(got, want)
+
+
+def test_many_rows_take_torchaos_path_exactly(monkeypatch):
+    """Past max(INT8PACK_MIN_ROWS, weights / INT8PACK_WEIGHTS_A_ROW) rows (a long prompt, an encoder's batch) a
+    weight-only product is torchao's own, bit for bit, where the kernel would be slower; up to it, the kernel's."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from fivefold.modeling import int8
+    from fivefold.modeling.linear import linear
+
+    layer = nn.Linear(32, 48)  # 1,536 weights
+    quantize_(layer, Int8WeightOnlyConfig())
+    calls = []
+    kernel = int8._INT8PACK
+    monkeypatch.setattr(int8, "INT8PACK_ON", True)
+    monkeypatch.setattr(int8, "_INT8PACK", lambda *args: calls.append(args[0].shape[0]) or kernel(*args))
+    for weights_a_row, limit in ((10**6, int8.INT8PACK_MIN_ROWS), (16, 96)):  # (the limit: the minimum, 1536 / 16)
+        monkeypatch.setattr(int8, "INT8PACK_WEIGHTS_A_ROW", weights_a_row)
+        for rows, kernel_rows in ((limit, [limit]), (limit + 8, [])):
+            x = torch.randn(rows // 8, 8, 32)
+            calls.clear()
+            with torch.no_grad():
+                got = linear(x, layer.weight, layer.bias)
+                assert calls == kernel_rows
+                if not kernel_rows:
+                    assert torch.equal(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
 
 
 def test_other_torchao_int8_holders_keep_torchaos_path():
