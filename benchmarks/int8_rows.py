@@ -16,8 +16,8 @@ caches), beside a plain sum over the same bytes (the read bandwidth `benchmarks/
 
 `--rows` measures instead where eager int8 leaves the kernel: products of 1 to 512 rows through the aten int8
 kernel and through torchao's own path (the int8 weight converted to fp32, oneDNN's GEMM, then the scales), per
-weight, on GPT-2's 768 x 768, the expert's shape and a SmolLM2-sized up projection
-(`fivefold.modeling.int8.INT8PACK_MAX_ROWS`).
+weight, on GPT-2's 768 x 768, the expert's shape and a SmolLM2-sized up projection (what
+`fivefold.modeling.int8.INT8PACK_MIN_ROWS` and `INT8PACK_WEIGHTS_A_ROW` were chosen from).
 
     python benchmarks/int8_rows.py --threads 2
     python benchmarks/int8_rows.py --threads 2 --rows
