@@ -37,9 +37,9 @@ from .operand_weights import operand_int8_product, operand_weights
 INT8PACK_CAPABILITIES = frozenset({"AVX2", "AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX", "AVX512_AMX"})
 _INT8PACK = getattr(getattr(torch.ops, "aten", None), "_weight_int8pack_mm", None)
 _ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
-# The kernel multiplies row by row, bound by its arithmetic; torchao's own path (a converted copy of the weight, then
-# oneDNN's GEMM) pays for the copy at every call and is faster past 50-100 rows in GPT-2's forward, ~160 for an
-# 8192 x 2048 weight (AVX2 Zen 3; `benchmarks/int8_rows.py --rows`). The kernel takes max(64, weights / 100,000).
+# The kernel multiplies row by row, bound by its arithmetic; torchao's own path (the weight converted at every call,
+# then aten's fp32 GEMM) is faster past ~64 rows in GPT-2's forward, ~160 for an 8192 x 2048 weight (AVX2 Zen 3,
+# fp32; `benchmarks/int8_rows.py --rows`). fp32 activations past max(64, weights / 100,000) rows take that path.
 INT8PACK_MIN_ROWS, INT8PACK_WEIGHTS_A_ROW = 64, 100_000
 
 
@@ -131,13 +131,14 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` through `_weight_int8pack_mm` for a torchao int8 weight-only weight on the CPU
-    where the kernel is vectorised; None where it does not apply."""
+    where the kernel is vectorised; None where it does not apply, or where torchao's path is faster (many rows)."""
     if not INT8PACK_ON or not x.is_cpu or x.dtype not in _ACTIVATIONS:
         return None
-    if x.numel() > max(INT8PACK_MIN_ROWS, weight.numel() // INT8PACK_WEIGHTS_A_ROW) * x.shape[-1]:
-        return None  # torchao's path is the faster
     packed = _once_per_weight("int8pack", weight, _int8pack_operands)
     if packed is None:
+        return None
+    limit = max(INT8PACK_MIN_ROWS, packed[0].numel() // INT8PACK_WEIGHTS_A_ROW)  # (rows)
+    if x.dtype == torch.float32 and x.numel() > limit * x.shape[-1]:
         return None
     return _int8pack_product(x, *packed, bias)
 
@@ -179,10 +180,10 @@ def _int8pack_takes(weight: torch.Tensor) -> bool:
 
 
 def traced_int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """`int8_weight_only_linear` written for dynamo: the same arithmetic, on the weight's own int8 data rather than
-    operands found once per weight (a dictionary a graph cannot read). Inductor lowers `_weight_int8pack_mm` to its
-    aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the weight's shape, which reads
-    int8 weights at twice the aten kernel's rate at one row (Zen 4). A dynamic int8 weight runs
+    """`int8_weight_only_linear` written for dynamo: the same arithmetic (at every row count), on the weight's own
+    int8 data rather than operands found once per weight (a dictionary a graph cannot read). Inductor lowers
+    `_weight_int8pack_mm` to its aten kernel, or, under freezing and `max-autotune`, to its own int8 GEMM for the
+    weight's shape, reading int8 weights at twice the aten kernel's rate at one row (Zen 4). A dynamic weight runs
     `int8_dynamic_linear`'s arithmetic where oneDNN's quantized linear saturates (onednn_int8.py), and elsewhere
     torchao's own product, which inductor lowers to that kernel. None where the weight is not one it takes."""
     if traced_int8_takes(x, weight):

@@ -415,13 +415,13 @@ def test_dynamic_int8_buffers_are_reused_without_mixing_calls(monkeypatch):
 
 
 def test_many_rows_take_torchaos_path_exactly(monkeypatch):
-    """Past max(INT8PACK_MIN_ROWS, weights / INT8PACK_WEIGHTS_A_ROW) rows (a long prompt, an encoder's batch) a
-    weight-only product is torchao's own, bit for bit, where the kernel would be slower; up to it, the kernel's."""
+    """Past max(INT8PACK_MIN_ROWS, weights / INT8PACK_WEIGHTS_A_ROW) rows of fp32 activations (a long prompt, an
+    encoder's batch) a weight-only product is torchao's own, where the kernel would be slower; up to it, and for
+    bf16 activations (measured for fp32 only), the kernel's."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     from fivefold.modeling import int8
-    from fivefold.modeling.linear import linear
 
     layer = nn.Linear(32, 48)  # 1,536 weights
     quantize_(layer, Int8WeightOnlyConfig())
@@ -431,14 +431,16 @@ def test_many_rows_take_torchaos_path_exactly(monkeypatch):
     monkeypatch.setattr(int8, "_INT8PACK", lambda *args: calls.append(args[0].shape[0]) or kernel(*args))
     for weights_a_row, limit in ((10**6, int8.INT8PACK_MIN_ROWS), (16, 96)):  # (the limit: the minimum, 1536 / 16)
         monkeypatch.setattr(int8, "INT8PACK_WEIGHTS_A_ROW", weights_a_row)
-        for rows, kernel_rows in ((limit, [limit]), (limit + 8, [])):
-            x = torch.randn(rows // 8, 8, 32)
+        for rows, dtype, takes in (
+            (limit, torch.float32, True),
+            (limit + 1, torch.float32, False),
+            (limit + 1, torch.bfloat16, True),
+        ):
             calls.clear()
             with torch.no_grad():
-                got = linear(x, layer.weight, layer.bias)
-                assert calls == kernel_rows
-                if not kernel_rows:
-                    assert torch.equal(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+                got = int8.int8_weight_only_linear(torch.randn(1, rows, 32, dtype=dtype), layer.weight, layer.bias)
+            assert calls == ([rows] if takes else [])
+            assert (got is not None) == takes
 
 
 def test_other_torchao_int8_holders_keep_torchaos_path():
