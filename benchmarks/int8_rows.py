@@ -15,7 +15,7 @@ caches), beside a plain sum over the same bytes (the read bandwidth `benchmarks/
   constant weights), every other compiled int8 product at one row.
 
 `--rows` measures instead where eager int8 leaves the kernel: products of 1 to 512 rows through the aten int8
-kernel and through torchao's own path (the int8 weight converted to fp32, oneDNN's GEMM, then the scales), per
+kernel and through torchao's own path (the int8 weight converted to fp32, aten's GEMM, then the scales), per
 weight, on GPT-2's 768 x 768, the expert's shape and a SmolLM2-sized up projection (what
 `fivefold.modeling.int8.INT8PACK_MIN_ROWS` and `INT8PACK_WEIGHTS_A_ROW` were chosen from).
 
