@@ -108,6 +108,8 @@ def test_compiled_dynamic_int8_multiplies_in_int8_as_close_to_fp32_as_eager(conv
     import fivefold
 
     if saturating:
+        if not onednn_int8.qlinear_exact():
+            pytest.skip("this CPU's oneDNN saturates: the other case runs this very path")
         monkeypatch.setattr(onednn_int8, "qlinear_exact", lambda: False)
 
     _, folder = converted("bert", "BertModel")
@@ -150,7 +152,7 @@ def test_compiled_int8_mixture_skips_unchosen_experts_where_their_weights_trace_
     from torchao.quantization import Int8WeightOnlyConfig
 
     monkeypatch.setattr(int8, "INT8PACK_ON", True)
-    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=width)
+    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=width, num_hidden_layers=1)
     config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -184,7 +186,7 @@ def test_int8_experts_behind_cond_multiply_as_a_reduction_or_a_bf16_product(conv
 
     monkeypatch.setattr(int8, "INT8PACK_ON", True)
     monkeypatch.setattr(operand_weights, "REWRITTEN", rewritten)
-    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=48)
+    _, folder = converted("mixtral", "MixtralForCausalLM", intermediate_size=48, num_hidden_layers=1)
     config = transformers.TorchAoConfig(Int8WeightOnlyConfig())
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
