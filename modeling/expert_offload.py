@@ -23,11 +23,12 @@ from accelerate.hooks import ModelHook, SequentialHook, add_hook_to_module, remo
 from accelerate.utils import convert_file_size_to_int, send_to_device
 from torch import nn
 
-from .expert_cache import ExpertCache, OffloadedExpert
+from .expert_cache import ExpertCache
 from .expert_eviction import eviction_named
 from .expert_shares import count_at_largest
 from .expert_store import FileTensor, MemoryTensor, folder_files, index_files
 from .moe import MixtureOfExperts
+from .offloaded_expert import OffloadedExpert
 from .prefetch import ExpertPrefetcher
 from .quantized_experts import expert_sources, held_bytes
 
@@ -208,4 +209,5 @@ def _default_budget(model: nn.Module, experts: list[OffloadedExpert], max_memory
     managed = {id(p) for e in experts for p in e.module.parameters()}
     tensors = [*model.parameters(), *model.buffers()]
     resident = sum(held_bytes(t) for t in tensors if t.device == device and id(t) not in managed)
-    return max(placed, convert_file_size_to_int(limit) - resident)
+    limit = int(limit) if isinstance(limit, int | float) else convert_file_size_to_int(limit)  # 6e9 as accelerate
+    return max(placed, limit - resident)

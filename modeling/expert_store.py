@@ -22,6 +22,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +75,11 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
     if 8 + length > size:
         raise ExpertReadError(f"{path} is truncated: its header says {length} bytes, the file has {size}")
     raw = f.read(length)
-    seen = _PARSED.get(str(path))
-    if seen is not None and seen[0] == raw:
-        _PARSED.move_to_end(str(path))
-        return seen[1]
+    with _PARSED_LOCK:  # the prefetcher's thread reads files too
+        seen = _PARSED.get(str(path))
+        if seen is not None and seen[0] == raw:
+            _PARSED.move_to_end(str(path))
+            return seen[1]
     header = json.loads(raw)
     header.pop("__metadata__", None)
     entries = {}
@@ -86,9 +88,10 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
         if info["dtype"] not in _DTYPES:
             raise ExpertReadError(f"{path}: tensor {name} has dtype {info['dtype']}, which fivefold cannot read")
         entries[name] = TensorEntry(_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + length + begin, end - begin)
-    _PARSED[str(path)] = (raw, entries)
-    while len(_PARSED) > _PARSED_FILES:
-        _PARSED.popitem(last=False)
+    with _PARSED_LOCK:
+        _PARSED[str(path)] = (raw, entries)
+        while len(_PARSED) > _PARSED_FILES:
+            _PARSED.popitem(last=False)
     return entries
 
 
@@ -97,6 +100,7 @@ def _parse_header(f, path) -> dict[str, TensorEntry]:
 # a large checkpoint takes milliseconds).
 _PARSED: OrderedDict[str, tuple[bytes, dict[str, TensorEntry]]] = OrderedDict()
 _PARSED_FILES = 256  # the most recently read files remembered (a checkpoint's shards, a few models')
+_PARSED_LOCK = threading.Lock()
 
 
 class FileTensor:

@@ -120,9 +120,9 @@ class FivefoldPreTrainedModel(ReportsTheFolderGiven, PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *model_args, **kwargs):
         """Loads fivefold checkpoints, and also stock ones (e.g. a `bert` folder), converting them in memory.
-        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); under a quantizer that
-        quantized nothing, raises QuantizationError (quantization.py). CPU weights get memory of their own
-        (`copy_file_backed_weights`): a shard changed under the running model cannot crash it."""
+        Experts a `device_map` offloads go through an expert cache (`model.expert_cache`); a quantizer that quantized
+        nothing raises QuantizationError. CPU weights get memory of their own (`copy_file_backed_weights`), so a shard
+        changed under the model cannot crash it; with offloaded experts, only misaligned ones (docs/offload.md)."""
         name = pretrained_model_name_or_path
         if kwargs.get("device_map") is not None:  # offloaded experts are read from the folder's files later on
             loaded = cls._load(name, *model_args, **kwargs)

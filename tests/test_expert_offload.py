@@ -13,12 +13,13 @@ from safetensors.torch import save_file
 
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.inputs import causal_text_sample
-from fivefold.modeling.expert_cache import ExpertCache, OffloadedExpert
+from fivefold.modeling.expert_cache import ExpertCache
 from fivefold.modeling.expert_eviction import FrequencyEviction, eviction_named
 from fivefold.modeling.expert_offload import OffloadedTraining
 from fivefold.modeling.expert_placement import DeviceCosts, compute_on_cpu
 from fivefold.modeling.expert_store import ExpertReadError, FileTensor, read_header
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec
+from fivefold.modeling.offloaded_expert import OffloadedExpert
 
 
 def _causal_lm(arch):
@@ -488,6 +489,74 @@ def test_compute_where_the_expert_lives_by_token_count_and_sizes(tmp_path):
     assert not expert.materialized and cache.cached_experts("l0") == []  # not cached: it never reached the device
 
 
+def test_an_expert_call_interrupted_is_released_at_the_next_call(tmp_path):
+    """An exception in an expert's forward skips `done`: the expert read for that call alone must not stay held
+    (and then be cached while marked for release, running as meta after)."""
+    experts, moes = _layers_on_file(tmp_path, layers=1)
+    cache = ExpertCache(experts, budget=2 * experts[0].nbytes, eviction=FrequencyEviction(half_life=1000))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for index in (0, 2, 0, 2):  # 0 and 2 popular and cached: a third expert is read for its call only
+            cache.acquire(experts[index], 3), cache.done(experts[index])
+        cache.acquire(experts[1], 3)  # its forward raises here: no `done`
+        assert experts[1].materialized and cache.transient == {experts[1]}
+        cache.acquire(experts[3], 3)
+        assert not experts[1].materialized and cache.transient == {experts[3]}
+        cache.done(experts[3])
+        for index in (1, 1, 1, 1):  # now popular enough to be cached; every call runs real weights
+            cache.acquire(experts[index], 3)
+            assert experts[index].materialized and torch.isfinite(moes[0].experts[index](x)).all()
+            cache.done(experts[index])
+    assert cache.bytes_cached == sum(e.nbytes for e in experts if e.materialized) <= cache.budget
+
+
+def test_experts_read_under_inference_mode_serve_later_calls_with_autograd_on(tmp_path):
+    """Pipelines run under `torch.inference_mode`: what a miss or a read ahead allocates is kept past the call,
+    and must not be inference tensors, which a later call with autograd on (a loss in eval mode) cannot save."""
+    experts, moes = _layers_on_file(tmp_path, layers=1)
+    cache = ExpertCache(experts, budget=4 * experts[0].nbytes)
+
+    class InlinePool:
+        def submit(self, fn, into):
+            future = Future()
+            future.set_result(fn(into))
+            return future
+
+    with torch.inference_mode():
+        cache.acquire(experts[0], 1), cache.done(experts[0])
+        cache.prefetch("l0", [1], InlinePool())
+        cache.acquire(experts[1], 1), cache.done(experts[1])
+    x = torch.randn(2, 8, requires_grad=True)
+    for index in (0, 1):
+        cache.acquire(experts[index], 2)  # a hit: the weights read under inference mode
+        assert not any(p.is_inference() for p in moes[0].experts[index].parameters())
+        moes[0].experts[index](x).sum().backward()
+        cache.done(experts[index])
+    assert x.grad is not None and cache.stats.hits == 2
+
+
+def test_a_read_ahead_that_fails_gives_its_reservation_back(tmp_path):
+    experts, _ = _layers_on_file(tmp_path, layers=1)
+    cache = ExpertCache(experts, budget=4 * experts[0].nbytes)
+
+    class FailingPool:
+        def submit(self, fn, into):
+            future = Future()
+            future.set_exception(ExpertReadError("the disk failed"))
+            return future
+
+    cache.prefetch("l0", [0, 1], FailingPool())
+    assert cache.used["l0"] == 2 * experts[0].nbytes  # reserved while they are read
+    with pytest.raises(ExpertReadError, match="the disk failed"):
+        cache.acquire(experts[0], 1)  # the layer runs a guessed expert: its read's error is the call's
+    with pytest.raises(ExpertReadError, match="the disk failed"):
+        cache.prefetch("l0", [2], FailingPool())  # the other, unused, settles as the layer's next reads start
+    assert cache.used["l0"] == cache.bytes_cached == sum(e.nbytes for e in experts if e.materialized) == 0
+    cache.acquire(experts[2], 1)  # and the whole share is there again
+    cache.acquire(experts[3], 1)
+    assert cache.cached_experts("l0") == [2, 3] and cache.stats.evictions == 0
+
+
 # --- results never change -----------------------------------------------------------------------------------------
 
 
@@ -535,7 +604,7 @@ def test_the_default_budget_is_what_max_memory_leaves_after_the_resident_parts(m
     _, cls, dst = moe_folder
     sizes = cls.from_pretrained(dst)
     total = sum(p.numel() * p.element_size() for p in sizes.parameters())
-    placed = _load(cls, dst, "auto", max_memory={"cpu": total * 3 // 4})
+    placed = _load(cls, dst, "auto", max_memory={"cpu": float(total * 3 // 4)})  # accelerate's numbers: floats too
     cache = placed.expert_cache
     assert cache is not None and cache.budget >= sum(e.nbytes for e in cache.experts.values() if e.materialized)
     tensors = [*placed.named_parameters(), *placed.named_buffers()]

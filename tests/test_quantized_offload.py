@@ -200,9 +200,9 @@ def test_a_quantized_expert_held_in_memory_counts_what_it_holds():
     bytes, not its shape in fp32."""
     from torchao.quantization import quantize_
 
-    from fivefold.modeling.expert_cache import OffloadedExpert
     from fivefold.modeling.expert_store import MemoryTensor
     from fivefold.modeling.moe import MoESpec
+    from fivefold.modeling.offloaded_expert import OffloadedExpert
 
     moe = MixtureOfExperts(MoESpec(hidden_size=64, expert_size=128, num_experts=2, top_k=1))
     quantize_(moe.experts, Int8WeightOnlyConfig())
