@@ -112,8 +112,12 @@ class ExpertCache:
             self.stats.prefetch_used += 1
             expert.materialize(tensors, expert.device, buffers)
             return self._enter(expert, self._admits(expert) and self._room_for(expert.layer, expert.nbytes))
-        on_cpu = expert.device.type != "cpu" and compute_on_cpu(
-            tokens, expert.nbytes, expert.flops_per_token, self.costs
+        on_cpu = (
+            expert.device.type != "cpu"
+            and compute_on_cpu(tokens, expert.nbytes, expert.flops_per_token, self.costs)
+            # An expert read from disk that the cache would keep is moved: its next calls are hits, where computed
+            # on the CPU it would be read from disk again at every call.
+            and (expert.lives_in_memory or not self._would_keep(expert))
         )
         # Room first, so that the read goes into what the evicted experts leave.
         spare: list[dict[str, torch.Tensor]] = [self.replaced.pop(expert.layer, {})]
@@ -206,6 +210,9 @@ class ExpertCache:
     def _insert(self, expert: OffloadedExpert) -> None:
         self.cached[expert.layer][expert.index] = expert
         self.used[expert.layer] += expert.nbytes
+
+    def _would_keep(self, expert: OffloadedExpert) -> bool:
+        return expert.nbytes <= self.quota[expert.layer] and self._admits(expert)
 
     def _admits(self, expert: OffloadedExpert) -> bool:
         """Whether the eviction policy keeps this expert, read for a call, at the price of the one it would evict."""

@@ -1,6 +1,6 @@
 """Compute where the expert lives: with an accelerator as the execution device, an expert whose weights are in CPU
-memory (or just read from disk into it) may run on the CPU on the few tokens routed to it, instead of its weights
-being moved to the accelerator (as Fiddler and llama.cpp's `--n-cpu-moe` do).
+memory (or just read from disk into it, where the cache would not keep it) may run on the CPU on the few tokens
+routed to it, instead of its weights being moved to the accelerator (as Fiddler and llama.cpp's `--n-cpu-moe` do).
 
 The choice is per call: the CPU's time for the call's multiply-adds against the time to move the weights. On a
 CPU-only machine the execution device is the CPU and this is never asked.

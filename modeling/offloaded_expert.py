@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .expert_store import MemoryTensor
 from .quantized_experts import held_bytes, leaf_tensors
 
 
@@ -84,6 +85,11 @@ class OffloadedExpert:
             _set_parameter(self.module, name, torch.empty(shape, dtype=dtype, device="meta"))
         owned, self.owned = self.owned, {}
         return {name: buffer for name, buffer in owned.items() if _held_only_here(buffer)}
+
+    @property
+    def lives_in_memory(self) -> bool:
+        """Whether its stored tensors are in CPU memory (placed on "cpu" under an accelerator), not in a file."""
+        return all(isinstance(source, MemoryTensor) for source in self.sources.values())
 
     @property
     def materialized(self) -> bool:

@@ -17,7 +17,7 @@ from fivefold.modeling.expert_cache import ExpertCache
 from fivefold.modeling.expert_eviction import FrequencyEviction, eviction_named
 from fivefold.modeling.expert_offload import OffloadedTraining
 from fivefold.modeling.expert_placement import DeviceCosts, compute_on_cpu
-from fivefold.modeling.expert_store import ExpertReadError, FileTensor, read_header
+from fivefold.modeling.expert_store import ExpertReadError, FileTensor, MemoryTensor, read_header
 from fivefold.modeling.moe import MixtureOfExperts, MoESpec
 from fivefold.modeling.offloaded_expert import OffloadedExpert
 
@@ -480,13 +480,24 @@ def test_compute_where_the_expert_lives_by_token_count_and_sizes(tmp_path):
     assert compute_on_cpu(tokens=1, weight_bytes=4000, flops_per_token=2000, costs=costs)
     assert not compute_on_cpu(tokens=2, weight_bytes=4000, flops_per_token=2000, costs=costs)
     experts, _ = _layers_on_file(tmp_path)
-    expert = experts[0]
-    expert.device = torch.device("cuda")  # an accelerator that is never touched: the call stays on the CPU
-    cache = ExpertCache(experts, budget=10 * expert.nbytes, costs=DeviceCosts(cpu_flops=1e15, transfer_bytes=1.0))
-    assert cache.acquire(expert, tokens=3) == torch.device("cpu")
-    assert next(expert.module.parameters()).device.type == "cpu" and cache.stats.cpu_calls == 1
-    cache.done(expert)
-    assert not expert.materialized and cache.cached_experts("l0") == []  # not cached: it never reached the device
+    in_memory, on_disk = experts[0], experts[1]
+    in_memory.sources = {name: MemoryTensor(source.read()) for name, source in in_memory.sources.items()}
+    for expert in (in_memory, on_disk):
+        expert.device = torch.device("cuda")  # an accelerator that is never touched: the calls stay on the CPU
+    cheap_cpu = DeviceCosts(cpu_flops=1e15, transfer_bytes=1.0)
+    cache = ExpertCache(experts, budget=10 * in_memory.nbytes, costs=cheap_cpu)
+    assert cache.acquire(in_memory, tokens=3) == torch.device("cpu")
+    assert next(in_memory.module.parameters()).device.type == "cpu" and cache.stats.cpu_calls == 1
+    cache.done(in_memory)
+    assert not in_memory.materialized and cache.cached_experts("l0") == []  # not cached: it never reached the device
+    # Read from disk: computed on the CPU where the cache would not keep it, else moved, its next calls hits.
+    off = ExpertCache(experts, budget=0, costs=cheap_cpu)
+    assert off.acquire(on_disk, tokens=3) == torch.device("cpu") and off.stats.cpu_calls == 1
+    off.done(on_disk)
+    moved_to = []
+    on_disk.materialize = lambda tensors, device, buffers=None: moved_to.append(device)
+    assert cache.acquire(on_disk, tokens=3) == torch.device("cuda") and moved_to == [torch.device("cuda")]
+    assert cache.cached_experts("l0") == [1] and cache.stats.cpu_calls == 1
 
 
 def test_an_expert_call_interrupted_is_released_at_the_next_call(tmp_path):
