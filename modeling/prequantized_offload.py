@@ -22,20 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import safe_open
 from torch import nn
 from transformers.integrations.accelerate import expand_device_map
 
-from .expert_store import folder_files, read_header
+from .expert_room import AUTO, expert_of, experts_share_the_rest, parents, stored_sizes, unquantized_auto_map
+from .expert_room import skeleton as meta_skeleton
 from .moe import MixtureOfExperts
 from .quantization import QuantizationError, quant_method
 
 # The experts the load in progress leaves in the checkpoint ({module name: execution device}), from `from_pretrained`
 # to the loader (`_load_pretrained_model`), which transformers calls in between.
 _LEAVING: ContextVar[dict[str, str] | None] = ContextVar("experts_left_in_checkpoint", default=None)
-
-_AUTO = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 @dataclass(frozen=True)
@@ -53,16 +51,17 @@ class Plan:
 
 def plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan:
     """How to load: for a pre-quantized checkpoint whose experts the cache reads quantized (torchao, bitsandbytes
-    4-bit) with "auto" or a device map that puts experts on "disk", which experts to leave in the checkpoint; any
-    other load as it is asked."""
-    return _plan(cls, name, kwargs) or Plan(kwargs, {})
+    4-bit) with "auto" or a device map that puts experts on "disk", which experts to leave in the checkpoint; for
+    an unquantized one with "auto" on the CPU, the experts sharing what the rest leaves (expert_room.py); any other
+    load as it is asked."""
+    return _plan(cls, name, kwargs) or Plan(unquantized_auto_map(cls, name, kwargs), {})
 
 
 def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | None:
     device_map = kwargs.get("device_map")
     if name is None or device_map is None or kwargs.get("quantization_config") is not None:
         return None
-    if kwargs.get("state_dict") is not None or not (isinstance(device_map, dict) or device_map in _AUTO):
+    if kwargs.get("state_dict") is not None or not (isinstance(device_map, dict) or device_map in AUTO):
         return None
     config = kwargs.get("config")
     if not hasattr(config, "to_dict"):
@@ -71,11 +70,11 @@ def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | Non
     method = _method_leaving_experts(getattr(config, "quantization_config", None))
     if method is None:
         return None
-    skeleton = _skeleton(cls, config, kwargs.get("dtype"))
+    skeleton = meta_skeleton(cls, config, kwargs.get("dtype"))
     if not any(isinstance(m, MixtureOfExperts) for m in skeleton.modules()):
         return None  # no experts to leave: transformers' own handling
     if isinstance(device_map, str):  # computed here whatever it holds: transformers' own "auto" sizes otherwise
-        stored = _stored_sizes(name, kwargs.get("subfolder") or "")
+        stored = stored_sizes(name, kwargs.get("subfolder") or "")
         device_map = _auto_device_map(skeleton, device_map, kwargs.get("max_memory"), stored)
     elif "disk" not in device_map.values():
         return None
@@ -132,27 +131,8 @@ def read_without_experts(checkpoint_files: list[str], left: dict[str, str]) -> I
         yield state_dict
 
 
-def expert_of(name: str) -> str | None:
-    """The expert a parameter or stored tensor belongs to (`model.layers.3.mlp.experts.5`), if any."""
-    head, found, tail = name.rpartition(".experts.")
-    index = tail.partition(".")[0]
-    return f"{head}.experts.{index}" if found and index.isdigit() else None
-
-
 def record(model: nn.Module, checkpoint_files: list[str], left: dict[str, str]) -> None:
     model.experts_left_in_checkpoint = ([Path(f) for f in checkpoint_files], dict(left))
-
-
-def _skeleton(cls: type, config: Any, dtype: Any) -> nn.Module:
-    with torch.device("meta"):
-        if isinstance(dtype, torch.dtype):
-            previous = torch.get_default_dtype()
-            torch.set_default_dtype(dtype)
-            try:
-                return cls(config)
-            finally:
-                torch.set_default_dtype(previous)
-        return cls(config)
 
 
 def _auto_device_map(skeleton: nn.Module, strategy: str, max_memory: dict | None, stored: dict | None) -> dict:
@@ -169,24 +149,20 @@ def _auto_device_map(skeleton: nn.Module, strategy: str, max_memory: dict | None
     room = {device: size for device, size in get_max_memory(max_memory).items() if device != "disk"}
     if any(device != "cpu" for device in room):
         return _get_device_map(skeleton, strategy, max_memory, _WithoutDiskCheck(quantizer))
-    layers = [(name, len(m.experts)) for name, m in skeleton.named_modules() if isinstance(m, MixtureOfExperts)]
-    experts = [f"{name}.experts.{i}" for i in range(max(n for _, n in layers)) for name, n in layers if i < n]
+    experts = [f"{name}.experts.{i}" for name, m in skeleton.named_modules() if isinstance(m, MixtureOfExperts)
+               for i in range(len(m.experts))]  # fmt: skip
     if stored is None or not all(e in stored for e in experts):
         stored = compute_module_sizes(skeleton, quantizer)[0]
         room = quantizer.adjust_max_memory(room)
-    rest = stored[""] - sum(stored[e] for e in experts)
-    if rest > room.get("cpu", 0):
+    placed = experts_share_the_rest(skeleton, room.get("cpu", 0), stored)
+    if placed is None:
+        rest = stored[""] - sum(stored[e] for e in experts)
         raise QuantizationError(
             f"max_memory gives the CPU {int(room.get('cpu', 0)):,} bytes, and the modules other than experts take "
             f"{rest:,} in this quantized checkpoint: only experts can be left on disk in their quantized form. Give "
             "max_memory room for them, and the experts share what is left"
         )
-    room = room.get("cpu", 0) - rest
-    placed = {}
-    for expert in experts:
-        placed[expert] = "cpu" if room >= stored[expert] else "disk"
-        room -= stored[expert] if placed[expert] == "cpu" else 0
-    return _covering(skeleton, placed, "cpu")
+    return placed
 
 
 class _WithoutDiskCheck:
@@ -202,41 +178,6 @@ class _WithoutDiskCheck:
         return getattr(self._quantizer, name)
 
 
-def _stored_sizes(name: str | os.PathLike, subfolder: str) -> dict[str, int] | None:
-    """The bytes a local checkpoint stores, in all ("") and for each expert; None for a name on the Hub."""
-    folder = Path(name) / subfolder
-    if not folder.is_dir():
-        return None
-    sizes: dict[str, int] = {"": 0}
-    for file in folder_files({folder}):
-        for key, entry in read_header(file).items():
-            sizes[""] += entry.nbytes
-            if (expert := expert_of(key)) is not None:
-                sizes[expert] = sizes.get(expert, 0) + entry.nbytes
-    return sizes
-
-
-def _covering(model: nn.Module, placed: dict, default: str | int) -> dict:
-    """A device map of disjoint subtrees (as accelerate wants them): `placed` for the modules it names, `default`
-    for every other, each subtree as high up as it can be."""
-    out, below = {}, {}
-    for key, device in placed.items():
-        for parent in _parents(key) | {""}:
-            below.setdefault(parent, set()).add(device)
-
-    def place(module: nn.Module, name: str) -> None:
-        if name in placed or below.get(name, set()) <= {default}:
-            out[name] = placed.get(name, default)
-            return
-        for child, sub in module.named_children():
-            place(sub, f"{name}.{child}" if name else child)
-        for leaf, _ in module.named_parameters(recurse=False):
-            out[f"{name}.{leaf}" if name else leaf] = default
-
-    place(model, "")
-    return out
-
-
 def _experts_to_leave(skeleton: nn.Module, device_map: dict, method: str) -> tuple[dict, dict[str, str]]:
     """The device map with each expert on "disk" on its layer's execution device, and those experts; a
     QuantizationError where anything else is on "disk"."""
@@ -246,7 +187,7 @@ def _experts_to_leave(skeleton: nn.Module, device_map: dict, method: str) -> tup
     runs_on = {}  # a MoE layer's execution device: where its own parameters (its router) are
     for name in names:
         if expert_of(name) is None:
-            for layer in _parents(name) & layers:
+            for layer in parents(name) & layers:
                 runs_on.setdefault(layer, placed[name])
     left, others = {}, set()
     for name in names:
@@ -273,8 +214,3 @@ def _experts_to_leave(skeleton: nn.Module, device_map: dict, method: str) -> tup
             device = left.get(expert, main)  # (dropout, rotary's computed buffers) is placed with the rest
         out[key] = device
     return out, left
-
-
-def _parents(name: str) -> set[str]:
-    parts = name.split(".")
-    return {".".join(parts[:i]) for i in range(1, len(parts))}

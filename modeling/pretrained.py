@@ -170,7 +170,7 @@ class FivefoldPreTrainedModel(ReportsTheFolderGiven, PreTrainedModel):
                     return super().from_pretrained(None, *model_args, config=config, state_dict=state_dict, **kwargs)
         if cls._renamed_keys:
             kwargs["key_mapping"] = {**cls._renamed_keys, **(kwargs.get("key_mapping") or {})}
-        planned = plan(cls, name, kwargs)  # a quantized checkpoint's experts on "disk"
+        planned = plan(cls, name, kwargs)  # experts on "disk": where they stay, for "auto" where they go
         with leaving(planned.left):
             return planned.done(super().from_pretrained(name, *model_args, **planned.kwargs))
 

@@ -623,6 +623,26 @@ def test_the_default_budget_is_what_max_memory_leaves_after_the_resident_parts(m
     assert cache.budget == max(total * 3 // 4 - resident, cache.bytes_cached)
 
 
+def test_auto_keeps_every_module_but_experts_resident_and_the_experts_share_the_rest(moe_folder):
+    """device_map="auto" on the CPU: every module but the experts stays in memory (transformers' own map sends
+    the last layers whole and the LM head to "disk"), the experts share what max_memory leaves, each layer as many;
+    a max_memory the other modules alone overflow gets transformers' own map."""
+    _, cls, dst = moe_folder
+    whole = cls.from_pretrained(dst).eval()
+    size = sum(p.numel() * p.element_size() for p in whole.parameters())
+    expert_bytes = sum(p.numel() * p.element_size() for n, p in whole.named_parameters() if ".experts." in n)
+    placed = _load(cls, dst, "auto", max_memory={"cpu": size - expert_bytes + expert_bytes // 2})
+    disk = [name for name, device in placed.hf_device_map.items() if device == "disk"]
+    assert disk and all(".experts." in name for name in disk)
+    layers = [m for m in placed.modules() if isinstance(m, MixtureOfExperts)]
+    per_layer = [sum(next(e.parameters()).device.type != "meta" for e in layer.experts) for layer in layers]
+    assert max(per_layer) - min(per_layer) <= 1 and 0 < sum(per_layer) < sum(len(m.experts) for m in layers)
+    assert placed.expert_cache.budget <= expert_bytes // 2
+    assert _max_diff(whole, placed, causal_text_sample(whole.config, "MixtralForCausalLM")) <= 1e-5
+    overflowing = _load(cls, dst, "auto", max_memory={"cpu": (size - expert_bytes) // 2})
+    assert any(".experts." not in name for name, d in overflowing.hf_device_map.items() if d == "disk")
+
+
 def test_the_budget_is_a_config_field_saved_with_the_model(moe_folder, tmp_path):
     _, cls, dst = moe_folder
     model = cls.from_pretrained(dst, expert_cache_bytes="1MB", expert_prefetch=True)
