@@ -17,15 +17,28 @@ from .tracing import eager_only
 
 class Embedding(nn.Embedding):
     """A drop-in `nn.Embedding` (same parameter, name and checkpoint layout) that reads a quantizer's int8 table
-    row by row where int8.py allows, instead of dequantizing all of it at every call."""
+    row by row where int8.py allows, instead of dequantizing all of it at every call.
+
+    A quantizer's table answers in the dtype it was quantized from, which `model.to(torch.bfloat16)` (or a
+    `dtype=` load of a saved quantized folder) leaves as it was: it answers here in the dtype the model was built
+    in or last cast to (`answer_dtype`), as a plain table would."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.answer_dtype = self.weight.dtype
+
+    def _apply(self, fn, recurse: bool = True):
+        probe = fn(torch.empty(0, dtype=self.answer_dtype))  # what the cast (`.to`, `.half()`, ...) does to a table
+        if probe.dtype.is_floating_point:
+            self.answer_dtype = probe.dtype
+        return super()._apply(fn, recurse)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if type(self.weight) in (torch.Tensor, nn.Parameter):
+            return super().forward(ids)
         # Plain ids only: a tracer's proxy takes nn.Embedding's path.
-        if type(ids) is torch.Tensor and type(self.weight) not in (torch.Tensor, nn.Parameter):
-            looked_up = int8_embedding(ids, self.weight)
-            if looked_up is not None:
-                return looked_up
-        return super().forward(ids)
+        looked_up = int8_embedding(ids, self.weight) if type(ids) is torch.Tensor else None
+        return (super().forward(ids) if looked_up is None else looked_up).to(self.answer_dtype)
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,15 @@ class FeedForwardSpec:
 class OutputProjection(Linear):
     """The down projection. It runs in its own weight dtype, which may differ from the activations' when a model
     keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and answers in that dtype, as stock T5
-    does: the residual stream it is added to then carries on in fp32, where fp16 would overflow."""
+    does: the residual stream it is added to then carries on in fp32, where fp16 would overflow. A quantizer's
+    weight (no quantizer takes a module kept in fp32) computes in the activations' dtype: the dtype it states is the
+    one it was quantized from, which `model.to(torch.bfloat16)` leaves as it was."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype))
+        weight = self.weight
+        if x.dtype != weight.dtype and type(weight) in (torch.Tensor, nn.Parameter):
+            x = x.to(weight.dtype)
+        return super().forward(x)
 
 
 def activation(name: str) -> nn.Module:

@@ -252,6 +252,26 @@ def test_quantized_folders_load_with_stock_transformers_alone(unquantized, tmp_p
         torch.testing.assert_close(got.float(), want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("model_type", ["bert", "llama"])
+def test_a_quantized_model_cast_to_bf16_computes_in_bf16_as_stocks(unquantized, model_type, tmp_path):
+    """torchao's int8 tensors keep the dtype they were quantized from through `model.to(torch.bfloat16)` and a saved
+    folder's `dtype=` load: the down projections and the int8 table (with its head) must still compute in the
+    model's dtype, not cast the residual stream back to fp32 (a LayerNorm then fails on mixed dtypes, as stock's
+    model does not)."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    row = unquantized(_arch(model_type))
+    config = transformers.TorchAoConfig(Int8WeightOnlyConfig(), include_input_output_embeddings=True)
+    ours = row["cls"].from_pretrained(row["dst"], quantization_config=config).eval()
+    ours.save_pretrained(tmp_path / "int8")
+    for model in (ours.to(torch.bfloat16), row["cls"].from_pretrained(tmp_path / "int8", dtype=torch.bfloat16)):
+        with torch.no_grad():
+            out = model.eval()(**row["inputs"], output_hidden_states=True)
+        assert {h.dtype for h in out.hidden_states} == {torch.bfloat16}
+        assert (out.logits if "logits" in out else out.last_hidden_state).dtype == torch.bfloat16
+
+
 def _arch(model_type: str) -> Architecture:
     return next(a for a in ARCHITECTURES if a.stock_model_type == model_type)
 
