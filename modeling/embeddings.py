@@ -28,7 +28,8 @@ class Embedding(nn.Embedding):
         self.answer_dtype = self.weight.dtype
 
     def _apply(self, fn, recurse: bool = True):
-        probe = fn(torch.empty(0, dtype=self.answer_dtype))  # what the cast (`.to`, `.half()`, ...) does to a table
+        answer = getattr(self, "answer_dtype", self.weight.dtype)  # a table pickled before it had one
+        probe = fn(torch.empty(0, dtype=answer))  # what the cast (`.to`, `.half()`, ...) does to a table
         if probe.dtype.is_floating_point:
             self.answer_dtype = probe.dtype
         return super()._apply(fn, recurse)
@@ -38,7 +39,8 @@ class Embedding(nn.Embedding):
             return super().forward(ids)
         # Plain ids only: a tracer's proxy takes nn.Embedding's path.
         looked_up = int8_embedding(ids, self.weight) if type(ids) is torch.Tensor else None
-        return (super().forward(ids) if looked_up is None else looked_up).to(self.answer_dtype)
+        answer = getattr(self, "answer_dtype", self.weight.dtype)  # a table pickled before it had one
+        return (super().forward(ids) if looked_up is None else looked_up).to(answer)
 
 
 @dataclass(frozen=True)

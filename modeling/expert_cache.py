@@ -112,16 +112,17 @@ class ExpertCache:
             self.stats.prefetch_used += 1
             expert.materialize(tensors, expert.device, buffers)
             return self._enter(expert, self._admits(expert) and self._room_for(expert.layer, expert.nbytes))
-        on_cpu = (
-            expert.device.type != "cpu"
-            and compute_on_cpu(tokens, expert.nbytes, expert.flops_per_token, self.costs)
-            # An expert read from disk that the cache would keep is moved: its next calls are hits, where computed
-            # on the CPU it would be read from disk again at every call.
-            and (expert.lives_in_memory or not self._would_keep(expert))
+        # An expert read from disk that the cache keeps is moved: its next calls are hits, where computed on the CPU
+        # it would be read from disk again at every call. One in CPU memory runs where it is when that is cheaper.
+        cheaper_on_cpu = expert.device.type != "cpu" and compute_on_cpu(
+            tokens, expert.nbytes, expert.flops_per_token, self.costs
         )
         # Room first, so that the read goes into what the evicted experts leave.
         spare: list[dict[str, torch.Tensor]] = [self.replaced.pop(expert.layer, {})]
-        admitted = not on_cpu and self._admits(expert) and self._room_for(expert.layer, expert.nbytes, spare=spare)
+        admitted = not (cheaper_on_cpu and expert.lives_in_memory) and (
+            self._admits(expert) and self._room_for(expert.layer, expert.nbytes, spare=spare)
+        )
+        on_cpu = cheaper_on_cpu and not admitted
         buffers = expert.buffers(spare)
         tensors = expert.typed(expert.fill(buffers))
         self.stats.bytes_read += expert.read_bytes
@@ -210,9 +211,6 @@ class ExpertCache:
     def _insert(self, expert: OffloadedExpert) -> None:
         self.cached[expert.layer][expert.index] = expert
         self.used[expert.layer] += expert.nbytes
-
-    def _would_keep(self, expert: OffloadedExpert) -> bool:
-        return expert.nbytes <= self.quota[expert.layer] and self._admits(expert)
 
     def _admits(self, expert: OffloadedExpert) -> bool:
         """Whether the eviction policy keeps this expert, read for a call, at the price of the one it would evict."""

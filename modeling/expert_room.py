@@ -8,6 +8,7 @@ attention included, and the LM head (131 MB, read back at every token). Under an
 transformers' (its devices, its spill to the CPU), and so it does where the modules other than experts do not fit.
 """
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -26,20 +27,37 @@ def unquantized_auto_map(cls: type, name: str | os.PathLike | None, kwargs: dict
     CPU with one of transformers' strategies; as given for any other load."""
     from transformers.integrations.accelerate import get_max_memory
 
-    device_map, config = kwargs.get("device_map"), kwargs.get("config")
-    if name is None or device_map not in AUTO or kwargs.get("quantization_config") or kwargs.get("state_dict"):
+    if name is None or kwargs.get("device_map") not in AUTO or kwargs.get("quantization_config"):
         return kwargs
-    if not hasattr(config, "to_dict"):
-        hub = {k: kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir", "local_files_only") if k in kwargs}
-        config = cls.config_class.from_pretrained(name, **hub)
+    if kwargs.get("state_dict") is not None:
+        return kwargs
     room = {device: size for device, size in get_max_memory(kwargs.get("max_memory")).items() if device != "disk"}
-    if getattr(config, "quantization_config", None) is not None or any(device != "cpu" for device in room):
+    if any(device != "cpu" for device in room):
         return kwargs
-    dtype = kwargs.get("dtype")
+    config = load_config(cls, name, kwargs)
+    if getattr(config, "quantization_config", None) is not None:
+        return kwargs
+    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+    dtype = getattr(config, "dtype", None) if dtype in (None, "auto") else dtype  # what "auto" loads in
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     model = skeleton(cls, config, dtype)
-    sizes = stored_sizes(name, kwargs.get("subfolder") or "") if not isinstance(dtype, torch.dtype) else None
-    placed = experts_share_the_rest(model, room.get("cpu", 0), sizes or module_sizes(model))
+    placed = experts_share_the_rest(model, room.get("cpu", 0), module_sizes(model))
     return kwargs if placed is None else {**kwargs, "device_map": placed}
+
+
+def load_config(cls: type, name: str | os.PathLike, kwargs: dict) -> Any:
+    """The config the load will build the model from: the one given (a copy: building a skeleton sets fields on
+    it), or the checkpoint's, with the load's keyword arguments that name its fields applied, as transformers
+    applies them."""
+    config = kwargs.get("config")
+    if hasattr(config, "to_dict"):
+        return copy.deepcopy(config)
+    hub = {k: kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir", "local_files_only") if k in kwargs}
+    config = cls.config_class.from_pretrained(name, **hub)
+    for key, value in kwargs.items():
+        if key not in ("dtype", "torch_dtype") and not key.startswith("_") and hasattr(config, key):
+            setattr(config, key, value)
+    return config
 
 
 def experts_share_the_rest(model: nn.Module, cpu_room: int, sizes: dict[str, int]) -> dict | None:

@@ -4,7 +4,7 @@ from typing import Protocol
 
 
 class SizedExpert(Protocol):
-    """What the shares read of an expert (expert_cache.OffloadedExpert)."""
+    """What the shares read of an expert (offloaded_expert.OffloadedExpert)."""
 
     layer: str
     nbytes: int

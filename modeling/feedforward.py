@@ -22,20 +22,24 @@ class FeedForwardSpec:
     dropout: float = 0.0  # on the inner activations, in training (T5)
     limit: float | None = None  # clamped SwiGLU: the bound of its gate (from above) and of its up (both sides)
     alpha: float = 1.702  # clamped SwiGLU: the gain inside its sigmoid
+    down_in_weight_dtype: bool = False  # the down projection runs in its weight's dtype (T5: OutputProjection)
 
 
 class OutputProjection(Linear):
-    """The down projection. It runs in its own weight dtype, which may differ from the activations' when a model
+    """A down projection that runs in its own weight dtype, which may differ from the activations' when a model
     keeps it in fp32 under fp16 (T5's `wo`, `_keep_in_fp32_modules`), and answers in that dtype, as stock T5
-    does: the residual stream it is added to then carries on in fp32, where fp16 would overflow. A quantizer's
-    weight (no quantizer takes a module kept in fp32) computes in the activations' dtype: the dtype it states is the
-    one it was quantized from, which `model.to(torch.bfloat16)` leaves as it was."""
+    does: the residual stream it is added to then carries on in fp32, where fp16 would overflow. Chosen by a
+    recipe (`FeedForwardSpec.down_in_weight_dtype`): elsewhere a quantizer's weight, whose dtype is the one it was
+    quantized from (kept through `model.to(torch.bfloat16)`), must not cast the activations back to it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if x.dtype != weight.dtype and type(weight) in (torch.Tensor, nn.Parameter):
-            x = x.to(weight.dtype)
-        return super().forward(x)
+        dtype = self.weight.dtype
+        return super().forward(x if x.dtype == dtype or dtype == torch.int8 else x.to(dtype))
+
+
+def _down_projection(spec: FeedForwardSpec) -> Linear:
+    down = OutputProjection if spec.down_in_weight_dtype else Linear
+    return down(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
 
 
 def activation(name: str) -> nn.Module:
@@ -58,7 +62,7 @@ class DenseFeedForward(nn.Module):
         self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = inner_dropout(spec.dropout)
-        self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+        self.down_proj = _down_projection(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         return self.down_proj(self.dropout(linear_then_activation(self.up_proj, self.act, x)))
@@ -73,7 +77,7 @@ class GatedFeedForward(nn.Module):
         self.up_proj = Linear(spec.hidden_size, spec.intermediate_size, bias=spec.bias)
         self.act = activation(spec.activation)
         self.dropout = inner_dropout(spec.dropout)
-        self.down_proj = OutputProjection(spec.intermediate_size, spec.hidden_size, bias=spec.bias)
+        self.down_proj = _down_projection(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, F] -> [B, T, C]
         gate, up = linears_on_one_input(x, self.gate_proj, self.up_proj)

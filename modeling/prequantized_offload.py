@@ -26,7 +26,15 @@ from safetensors import safe_open
 from torch import nn
 from transformers.integrations.accelerate import expand_device_map
 
-from .expert_room import AUTO, expert_of, experts_share_the_rest, parents, stored_sizes, unquantized_auto_map
+from .expert_room import (
+    AUTO,
+    expert_of,
+    experts_share_the_rest,
+    load_config,
+    parents,
+    stored_sizes,
+    unquantized_auto_map,
+)
 from .expert_room import skeleton as meta_skeleton
 from .moe import MixtureOfExperts
 from .quantization import QuantizationError, quant_method
@@ -63,10 +71,7 @@ def _plan(cls: type, name: str | os.PathLike | None, kwargs: dict) -> Plan | Non
         return None
     if kwargs.get("state_dict") is not None or not (isinstance(device_map, dict) or device_map in AUTO):
         return None
-    config = kwargs.get("config")
-    if not hasattr(config, "to_dict"):
-        hub = {k: kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir", "local_files_only") if k in kwargs}
-        config = cls.config_class.from_pretrained(name, **hub)
+    config = load_config(cls, name, kwargs)
     method = _method_leaving_experts(getattr(config, "quantization_config", None))
     if method is None:
         return None

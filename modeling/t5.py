@@ -50,6 +50,7 @@ def t5_stack(config, num_layers: int, causal: bool) -> StackSpec:
             activation=config.dense_act_fn,
             bias=False,
             dropout=config.dropout_rate,
+            down_in_weight_dtype=True,  # `wo` kept in fp32 under fp16, as stock's
         ),
         norm="rmsnorm",
         norm_eps=config.layer_norm_epsilon,
