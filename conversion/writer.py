@@ -109,7 +109,10 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
         }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    # The data starts on a 64-byte boundary (safetensors pads to 8; the format allows any padding of spaces), as
+    # torch aligns what it allocates: a memory-mapped tensor (whose size is a multiple of 64 bytes, as nearly all
+    # are) then runs the kernels a copy would, and a model with offloaded experts keeps it mapped, uncopied.
+    encoded += b" " * (-(8 + len(encoded)) % 64)
     try:
         with open(filename, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
