@@ -75,7 +75,7 @@ def write_safetensors(
         for file, keys in zip(names, shards, strict=True):
             tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
             _unshare(tensors)
-            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            nbytes = sum(_nbytes(t) for t in tensors.values())
             save_file(tensors, str(folder / file), metadata={"format": "pt"})
             bar.update(nbytes)
             weight_map.update(dict.fromkeys(keys, file))
@@ -95,23 +95,24 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
     """safetensors' `save_file`, streamed: writes `tensors` (contiguous, CPU) as one safetensors file, each straight
     from its memory and dropped from the dict once written, so that writing a shard needs no second copy of it
     (safetensors' own builds one: the bytes of every tensor at once)."""
-    # In safetensors' own order (widest dtype first, then by name), so that every tensor starts aligned to its
-    # element size and a memory-mapped load reads the same addresses, hence runs the same kernels, as before.
-    order = sorted(tensors, key=lambda name: (-tensors[name].element_size(), name))
+    # Every tensor starts on a 64-byte boundary, as torch aligns what it allocates, where the sizes allow: those of
+    # a multiple of 64 bytes (nearly all) first, then the rest widest dtype first, each aligned to its element size
+    # (safetensors' own order, by dtype then name, aligns only to that). A memory-mapped tensor then runs the
+    # kernels its copy would (oneDNN sums in another order on misaligned data), and a model with offloaded experts
+    # keeps it mapped, uncopied (modeling/owned_memory.py).
+    order = sorted(tensors, key=lambda name: (_nbytes(tensors[name]) % 64 > 0, -tensors[name].element_size(), name))
     header, offset = {"__metadata__": metadata}, 0
     for name in order:
         t = tensors[name]
-        nbytes = t.numel() * t.element_size()
         header[name] = {
             "dtype": _SAFE_NAMES[t.dtype],
             "shape": list(t.shape),
-            "data_offsets": [offset, offset + nbytes],
+            "data_offsets": [offset, offset + _nbytes(t)],
         }
-        offset += nbytes
+        offset += _nbytes(t)
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    # The data starts on a 64-byte boundary (safetensors pads to 8; the format allows any padding of spaces), as
-    # torch aligns what it allocates: a memory-mapped tensor (whose size is a multiple of 64 bytes, as nearly all
-    # are) then runs the kernels a copy would, and a model with offloaded experts keeps it mapped, uncopied.
+    # The data starts on a 64-byte boundary: safetensors pads its header to 8 bytes, and the format allows any
+    # padding of spaces.
     encoded += b" " * (-(8 + len(encoded)) % 64)
     try:
         with open(filename, "wb") as f:
@@ -128,12 +129,16 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
         raise
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _unshare(tensors: dict[str, torch.Tensor]) -> None:
     # safetensors refuses tensors sharing storage (chunks of one fused tensor); give each its own.
     seen: set[int] = set()
     for name, t in tensors.items():
         ptr = t.untyped_storage().data_ptr()
-        if ptr in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        if ptr in seen or t.untyped_storage().nbytes() != _nbytes(t):
             tensors[name] = t.clone()
         seen.add(ptr)
 
