@@ -61,8 +61,9 @@ def _sizes(produced: dict, plan: Plan, reader, dtype) -> list[tuple[str, int]]:
     return sizes
 
 
-def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, sizes, dtype, max_shard_size, progress):
-    write_safetensors(tmp, sizes, _materializer(plan, reader, dtype), parse_size(max_shard_size), progress)
+def _write_weights_and_side_files(tmp: Path, src: Path, plan, reader, sizes, dtype, max_shard_size, progress, aligned):
+    materialize = _materializer(plan, reader, dtype)
+    write_safetensors(tmp, sizes, materialize, parse_size(max_shard_size), progress, aligned=aligned)
     copy_side_files(src, tmp)
     copy_sentence_transformers_files(src, tmp)
 
@@ -114,7 +115,9 @@ def convert(
     sizes = _sizes(produced, plan, reader, DTYPES.get(dtype))
     needed = sum(size for _, size in sizes) + remote_code_bytes(arch.config_class)
     with atomic_folder(dst, force, needed=needed) as tmp:
-        _write_weights_and_side_files(tmp, folder, plan, reader, sizes, DTYPES.get(dtype), max_shard_size, progress)
+        _write_weights_and_side_files(
+            tmp, folder, plan, reader, sizes, DTYPES.get(dtype), max_shard_size, progress, aligned=True
+        )
         config.auto_map = write_remote_code(tmp, arch.config_class)
         config.save_pretrained(tmp)
         write_legacy_generation_config(folder, stock, target, tmp)
@@ -170,7 +173,8 @@ def export(
 
     sizes = _sizes(produced, plan, reader, None)
     with atomic_folder(dst, force, needed=sum(size for _, size in sizes)) as tmp:
-        _write_weights_and_side_files(tmp, folder, plan, reader, sizes, None, max_shard_size, progress)
+        # Laid out as safetensors lays out the stock folder it came from: transformers computes on mapped weights.
+        _write_weights_and_side_files(tmp, folder, plan, reader, sizes, None, max_shard_size, progress, aligned=False)
         stock = stock_config_dict(arch, ours, stock_class_name(target))
         (tmp / "config.json").write_text(json.dumps(stock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return dst

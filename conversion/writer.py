@@ -59,8 +59,10 @@ def write_safetensors(
     materialize: Callable[..., dict[str, torch.Tensor]],  # (keys, done(bytes) per tensor) -> tensors
     max_shard_size: int,
     progress: bool = True,
+    aligned: bool = True,
 ) -> list[str]:
-    """Writes one shard at a time (peak memory: one shard), with an index when there is more than one."""
+    """Writes one shard at a time (peak memory: one shard), with an index when there is more than one; `aligned` as
+    `save_file`'s."""
     shards = plan_shards(sizes, max_shard_size)
     names = (
         [SAFE_SINGLE]
@@ -76,7 +78,7 @@ def write_safetensors(
             tensors = {k: t.contiguous() for k, t in materialize(keys, bar.update).items()}
             _unshare(tensors)
             nbytes = sum(_nbytes(t) for t in tensors.values())
-            save_file(tensors, str(folder / file), metadata={"format": "pt"})
+            save_file(tensors, str(folder / file), metadata={"format": "pt"}, aligned=aligned)
             bar.update(nbytes)
             weight_map.update(dict.fromkeys(keys, file))
             del tensors
@@ -91,16 +93,23 @@ def write_safetensors(
 _SAFE_NAMES = {dtype: name for name, dtype in _SAFE_DTYPES.items()}
 
 
-def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str]) -> None:
+def save_file(
+    tensors: dict[str, torch.Tensor], filename: str | os.PathLike, metadata: dict[str, str], aligned: bool = True
+) -> None:
     """safetensors' `save_file`, streamed: writes `tensors` (contiguous, CPU) as one safetensors file, each straight
     from its memory and dropped from the dict once written, so that writing a shard needs no second copy of it
-    (safetensors' own builds one: the bytes of every tensor at once)."""
-    # Every tensor starts on a 64-byte boundary, as torch aligns what it allocates, where the sizes allow: those of
-    # a multiple of 64 bytes (nearly all) first, then the rest widest dtype first, each aligned to its element size
-    # (safetensors' own order, by dtype then name, aligns only to that). A memory-mapped tensor then runs the
-    # kernels its copy would (oneDNN sums in another order on misaligned data), and a model with offloaded experts
-    # keeps it mapped, uncopied (modeling/owned_memory.py).
-    order = sorted(tensors, key=lambda name: (_nbytes(tensors[name]) % 64 > 0, -tensors[name].element_size(), name))
+    (safetensors' own builds one: the bytes of every tensor at once).
+
+    `aligned`: every tensor whose size allows it starts on a 64-byte boundary, as torch aligns what it allocates
+    (those of a multiple of 64 bytes first, then the rest widest dtype first), so that a memory-mapped tensor runs
+    the kernels its copy would, and a model with offloaded experts keeps it mapped, uncopied
+    (modeling/owned_memory.py). Otherwise safetensors' own layout (by dtype then name, the data 8-byte aligned), so
+    that a stock folder written again is read at the same addresses as the one safetensors wrote: transformers
+    computes on the mapped weights, and oneDNN sums a product in another order on differently aligned data."""
+    unit = 64 if aligned else 8
+    order = sorted(
+        tensors, key=lambda name: (aligned and _nbytes(tensors[name]) % 64 > 0, -tensors[name].element_size(), name)
+    )
     header, offset = {"__metadata__": metadata}, 0
     for name in order:
         t = tensors[name]
@@ -111,9 +120,7 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike, met
         }
         offset += _nbytes(t)
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    # The data starts on a 64-byte boundary: safetensors pads its header to 8 bytes, and the format allows any
-    # padding of spaces.
-    encoded += b" " * (-(8 + len(encoded)) % 64)
+    encoded += b" " * (-(8 + len(encoded)) % unit)  # the format allows any padding of spaces
     try:
         with open(filename, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))

@@ -48,8 +48,8 @@ KILLED_MID_WRITE = textwrap.dedent(
     src, dst, marker, force = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     real_save = writer.save_file
 
-    def save_then_hang(tensors, path, metadata=None):
-        real_save(tensors, path, metadata=metadata)
+    def save_then_hang(tensors, path, metadata=None, **layout):
+        real_save(tensors, path, metadata=metadata, **layout)
         with open(marker + ".part", "w") as f:  # renamed whole: the parent never reads a half-written marker
             f.write(path)
         os.replace(marker + ".part", marker)
@@ -167,11 +167,11 @@ def test_atomic_exchange_swaps_folders(tmp_path):
 def _disk_full_after_first_file(monkeypatch):
     real_save = writer.save_file
 
-    def save_until_full(tensors, path, metadata=None):
+    def save_until_full(tensors, path, metadata=None, **layout):
         if any(Path(path).parent.glob("*.safetensors")):
             Path(path).write_bytes(b"\0" * 100)  # the partial file a full disk leaves
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        real_save(tensors, path, metadata=metadata)
+        real_save(tensors, path, metadata=metadata, **layout)
 
     monkeypatch.setattr(writer, "save_file", save_until_full)
 
@@ -249,8 +249,8 @@ def _block_writer_then(monkeypatch, action):
     real_save = writer.save_file
     fired = []
 
-    def save_then_act(tensors, path, metadata=None):
-        real_save(tensors, path, metadata=metadata)
+    def save_then_act(tensors, path, metadata=None, **layout):
+        real_save(tensors, path, metadata=metadata, **layout)
         if not fired:
             fired.append(path)
             action()

@@ -89,8 +89,8 @@ def _fill_the_disk_after_the_first_shard(monkeypatch) -> None:
     """Another writer takes every free byte once the first shard is written: the kernel's ENOSPC on the next."""
     real_save = writer.save_file
 
-    def save_then_fill(tensors, path, metadata=None):
-        real_save(tensors, path, metadata=metadata)
+    def save_then_fill(tensors, path, metadata=None, **layout):
+        real_save(tensors, path, metadata=metadata, **layout)
         monkeypatch.setattr(writer, "save_file", real_save)
         with open(Path(path).parent.parent / "ballast", "wb") as f:
             os.posix_fallocate(f.fileno(), 0, space.free_bytes(Path(path).parent))

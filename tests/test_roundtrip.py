@@ -11,6 +11,7 @@ from safetensors import safe_open
 import fivefold
 from fivefold.architectures import ARCHITECTURES, stock_class_name
 from fivefold.conversion.verify import verify
+from fivefold.modeling.expert_store import read_header
 
 from helpers import read_tensors
 
@@ -30,6 +31,8 @@ def test_export_restores_stock_checkpoint(converted, tmp_path, arch, cls):
     original, exported = read_tensors(src), read_tensors(out)
     assert set(original) == set(exported)
     assert all(torch.equal(original[k], exported[k]) for k in original)
+    # Each tensor where safetensors put it (stock computes on the mapped weights, and alignment steers its kernels).
+    assert _alignments(out) == _alignments(src)
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == arch.stock_model_type and config["architectures"] == [stock_name]
     stock = getattr(transformers, stock_name).from_pretrained(src).eval()
@@ -37,6 +40,11 @@ def test_export_restores_stock_checkpoint(converted, tmp_path, arch, cls):
     inputs = arch.sample_inputs(stock.config, stock_name, 0)
     with torch.no_grad():
         assert torch.equal(stock(**inputs)[0], again(**inputs)[0])
+
+
+def _alignments(folder) -> dict[str, int]:
+    headers = [read_header(file) for file in folder.glob("*.safetensors")]
+    return {name: entry.offset % 64 for header in headers for name, entry in header.items()}
 
 
 def test_sharded_dtype_and_reconvert(converted, tmp_path):
