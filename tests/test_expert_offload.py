@@ -142,7 +142,7 @@ def test_disk_experts_are_read_from_the_checkpoint_and_nothing_is_written(moe_fo
 
 def test_converted_files_align_their_data_so_an_offloaded_model_keeps_resident_weights_mapped(moe_folder):
     """A converted file's data starts on a 64-byte boundary, as torch aligns its own allocations, so that the
-    weights an offloaded model keeps resident stay in the file's pages, read once at load and never copied."""
+    weights an offloaded model keeps resident stay in the file's pages instead of being copied at load."""
     _, cls, dst = moe_folder
     for file in dst.glob("*.safetensors"):
         with open(file, "rb") as f:
