@@ -25,13 +25,11 @@ AUTO = ("auto", "balanced", "balanced_low_0", "sequential")
 def unquantized_auto_map(cls: type, name: str | os.PathLike | None, kwargs: dict) -> dict:
     """The load's arguments, with `device_map` computed here for an unquantized model with experts, loaded on the
     CPU with one of transformers' strategies; as given for any other load."""
-    from transformers.integrations.accelerate import get_max_memory
-
     if name is None or kwargs.get("device_map") not in AUTO or kwargs.get("quantization_config"):
         return kwargs
     if kwargs.get("state_dict") is not None:
         return kwargs
-    room = {device: size for device, size in get_max_memory(kwargs.get("max_memory")).items() if device != "disk"}
+    room = memory_room(kwargs.get("max_memory"))
     if any(device != "cpu" for device in room):
         return kwargs
     config = load_config(cls, name, kwargs)
@@ -43,6 +41,14 @@ def unquantized_auto_map(cls: type, name: str | os.PathLike | None, kwargs: dict
     model = skeleton(cls, config, dtype)
     placed = experts_share_the_rest(model, room.get("cpu", 0), module_sizes(model))
     return kwargs if placed is None else {**kwargs, "device_map": placed}
+
+
+def memory_room(max_memory: dict | None) -> dict:
+    """The bytes each device may hold, as transformers reads `max_memory` (all it finds where none is given),
+    "disk" left out."""
+    from transformers.integrations.accelerate import get_max_memory
+
+    return {device: size for device, size in get_max_memory(max_memory).items() if device != "disk"}
 
 
 def load_config(cls: type, name: str | os.PathLike, kwargs: dict) -> Any:

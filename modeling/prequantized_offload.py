@@ -31,6 +31,7 @@ from .expert_room import (
     expert_of,
     experts_share_the_rest,
     load_config,
+    memory_room,
     parents,
     stored_sizes,
     unquantized_auto_map,
@@ -146,12 +147,12 @@ def _auto_device_map(skeleton: nn.Module, strategy: str, max_memory: dict | None
     checkpoint's stored bytes (`stored`, a local folder's), else the quantizer's with transformers' margin for the
     scales. Under an accelerator, transformers' own map for `strategy` (its devices, its spill to the CPU); only its
     experts may then be on "disk"."""
-    from transformers.integrations.accelerate import _get_device_map, compute_module_sizes, get_max_memory
+    from transformers.integrations.accelerate import _get_device_map, compute_module_sizes
     from transformers.quantizers import AutoHfQuantizer
 
     quantizer = AutoHfQuantizer.from_config(skeleton.config.quantization_config, pre_quantized=True)
     quantizer.preprocess_model(model=skeleton, dtype=skeleton.dtype, device_map=None, checkpoint_files=None)
-    room = {device: size for device, size in get_max_memory(max_memory).items() if device != "disk"}
+    room = memory_room(max_memory)
     if any(device != "cpu" for device in room):
         return _get_device_map(skeleton, strategy, max_memory, _WithoutDiskCheck(quantizer))
     experts = [f"{name}.experts.{i}" for name, m in skeleton.named_modules() if isinstance(m, MixtureOfExperts)
