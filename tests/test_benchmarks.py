@@ -98,3 +98,13 @@ def test_quick_mode_prints_a_table(script, quick_runs):
     assert tables and all(table["rows"] for table in tables)
     assert all({"architecture", "benchmark", "stock", "fivefold"} <= result.keys() for result in report["results"])
     assert any(isinstance(value, float) for table in tables for row in table["rows"] for value in row.values())
+
+
+def test_the_gpu_script_parses():
+    """benchmarks/gpu.sh runs only where a GPU is lent: here its bash and every Python program in it must parse."""
+    script = BENCHMARKS / "gpu.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    programs = re.findall(r"python - <<'PY'[^\n]*\n(.*?)\nPY\n", script.read_text(), re.S)
+    assert len(programs) == 2
+    for program in programs:
+        compile(program, str(script), "exec")
