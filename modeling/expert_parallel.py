@@ -11,6 +11,7 @@ as on one device. Both exchanges are autograd-aware: the backward pass sends the
 `from_pretrained(..., distributed_config=DistributedConfig(ep_size=N, fsdp_size=N))` reaches `distribute` below;
 the layers outside the experts are then sharded with FSDP2 (`fully_shard`) over the same ranks. With
 `DistributedConfig(ep_size=N, tp_size=N)` the ranks share one batch and tensor parallelism splits the rest.
+A quantized model keeps the rest whole on every rank instead (neither shards quantized weights), for inference.
 
 Shapes: N tokens, C channels, E experts, R experts per token, A assignments, G ranks of a process group,
 X experts one rank holds (E / G, expert parallelism).
@@ -53,17 +54,23 @@ class ExpertParallelMixtureOfExperts(MixtureOfExperts):
     first: int = 0  # the first expert this rank holds
     local: int = 0  # how many it holds (X)
     batches: int = 1  # the ranks whose tokens an expert's gradient sums; it is divided by this
+    inference_only: bool = False  # a quantized model's whole copies of the other layers (`distribute`)
 
     def divide_gradients(self) -> None:
         """Once per weight (loading replaces the weights built on meta, so this waits for the first forward)."""
         for p in self.experts[self.first : self.first + self.local].parameters():
-            if not getattr(p, "_divided_by_batches", False):
+            if p.requires_grad and not getattr(p, "_divided_by_batches", False):
                 p.register_hook(lambda grad, n=self.batches: grad / n)
                 p._divided_by_batches = True
 
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [N, C], weights/experts: [N, R] -> [N, C], as `MixtureOfExperts.dispatch` on one device."""
         world, local = dist.get_world_size(self.group), self.local
+        if self.training and self.inference_only:
+            raise RuntimeError(
+                "a quantized model under expert parallelism runs inference only: its layers outside the experts are "
+                "whole copies on every rank, which nothing keeps equal in training; call model.eval()"
+            )
         if torch.is_grad_enabled():
             self.divide_gradients()
         flat = experts.reshape(-1)  # [A]
@@ -144,6 +151,13 @@ def distribute(model: nn.Module, distributed_config, mesh_manager) -> nn.Module:
             # The other ranks' experts are in the checkpoint and deliberately not read: not "unexpected".
             remote = "|".join(str(e) for e, expert in enumerate(moe.experts) if isinstance(expert, RemoteExpert))
             model._keys_to_ignore_on_load_unexpected.add(rf"^{re.escape(name)}\.experts\.({remote})\.")
+    if getattr(model.config, "quantization_config", None) is not None:
+        # FSDP2 and tensor parallelism shard plain tensors, not torchao's or bitsandbytes' quantized weights: the
+        # layers outside the experts stay whole on every rank, and the model runs inference only.
+        for moe in expert_layers(model):
+            moe.inference_only = True
+        model._is_fsdp_managed_module = True  # generate() syncs the ranks: each step's tokens travel to the experts
+        return model
     if config.tp_size > 1:
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 

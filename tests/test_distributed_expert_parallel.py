@@ -81,3 +81,40 @@ def test_expert_parallel_equals_one_process_on_qwen_moe(tmp_path, cls, fields):
     for r in results:
         assert r["logits"] <= 1e-5 and r["tp_logits"] <= 1e-5 and r["aux_loss"] <= 1e-6, r
         assert r["expert_grads"] <= 1e-5, r
+
+
+@pytest.mark.slow
+def test_a_quantized_mixtral_under_expert_parallelism_equals_one_process(tmp_path):
+    """torchao int8 (at load, and a saved int8 folder) and bitsandbytes 8-bit on 2 ranks, in both layouts
+    (tests/workers/quantized_expert_parallel.py): each rank quantizes and holds its own experts, the rest whole;
+    logits and synced generation equal the quantized model in one process. Training and saving are refused with
+    their reasons. Stock's FSDP2 layout fails on torchao's weights ('Int8Tensor' has no `_local_tensor`)."""
+    import importlib.util
+
+    import torch
+    import transformers
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    fields = {**CONFIG, "intermediate_size": 128}
+    torch.manual_seed(0)
+    fivefold.FivefoldMixtralForCausalLM(fivefold.FivefoldMixtralConfig(**fields)).save_pretrained(tmp_path / "fp32")
+    int8 = transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    quantized = fivefold.FivefoldMixtralForCausalLM.from_pretrained(tmp_path / "fp32", quantization_config=int8)
+    quantized.save_pretrained(tmp_path / "int8")
+    args = {
+        "checkpoint": str(tmp_path / "fp32"),
+        "saved": str(tmp_path / "int8"),
+        "folder": str(tmp_path / "saved"),
+        "bitsandbytes": importlib.util.find_spec("bitsandbytes") is not None,
+    }
+    results = launch("quantized_expert_parallel", 2, tmp_path, args, timeout=300)
+    attention = fields["num_hidden_layers"] * 4
+    local_experts = fields["num_hidden_layers"] * 2 * 3  # 2 of the 4 experts a layer, 3 linears each
+    for rank, result in enumerate(results):
+        assert len(result) == 3 + 2 * args["bitsandbytes"], result
+        for case, row in result.items():
+            assert row["held"] == [2 * rank, 2 * rank + 1], case
+            assert row["quantized"] == [attention + local_experts, attention + 2 * local_experts], case
+            assert row["logits"] <= 1e-6 and row["generate"], (case, row)
+            assert "runs inference only" in row["training"], (case, row)
+            assert "saving it is not supported" in row["saving"], (case, row)
