@@ -13,7 +13,7 @@
 # with nccl at world size 1 (benchmarks/distributed.py, where it exists); 5 torch.compile on CUDA (fullgraph, parity,
 # compile time against stock's); 6 a speed table against stock; 7 experts in CPU memory under cuda:0 through the
 # expert cache, computed on the CPU or moved (modeling/expert_placement.py), each against the model on one device;
-# 8 bitsandbytes 8- and 4-bit on the reduced Mixtral: every expert quantized (stock's fused experts stay fp32), the
+# 8 bitsandbytes 8-bit and NF4 on the reduced Mixtral: every expert quantized (stock's fused experts stay fp32), the
 # error against stock's where both quantize the same modules, generate, save and reload.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,9 +51,11 @@ work = Path(tempfile.mkdtemp(prefix="fivefold-gpu-"))
 def checkpoint(model_type: str, stock_name: str, fields: dict | None = None) -> tuple[Path, Path]:
     """A random stock checkpoint (tiny with --quick, else `fields`) and its conversion."""
     arch = architecture_for_model_type(model_type)
-    config = transformers.AutoConfig.for_model(model_type, **(arch.tiny if QUICK or fields is None else fields))
+    sized = not QUICK and fields is not None
+    config = transformers.AutoConfig.for_model(model_type, **(fields if sized else arch.tiny))
     torch.manual_seed(0)
-    src, dst = work / f"{stock_name}-stock", work / f"{stock_name}-fivefold"
+    name = f"{stock_name}-sized" if sized else stock_name  # one class is built tiny and sized by different sections
+    src, dst = work / f"{name}-stock", work / f"{name}-fivefold"
     if not src.exists():
         getattr(transformers, stock_name)(config).save_pretrained(src)
         fivefold.convert(src, dst, progress=False)
@@ -286,15 +288,54 @@ REDUCED_MIXTRAL = dict(vocab_size=32000, hidden_size=1024, intermediate_size=358
                        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2)
 
 
-@section("8. bitsandbytes on cuda:0: every expert of Mixtral quantized, where stock's fused experts stay fp32")
+def bitsandbytes_on_experts(bits: int, loaders: dict, cls, ids: torch.Tensor, error, experts: int) -> None:
+    """One bit width of section 8 (below, which runs as it is defined), a function so that its models are freed
+    when it returns."""
+    from fivefold.modeling.quantization import is_quantized_weight, quantized_modules
+
+    def bnb(**skip):
+        four = {"bnb_4bit_quant_type": "nf4"} if bits == 4 else {}
+        return transformers.BitsAndBytesConfig(load_in_8bit=bits == 8, load_in_4bit=bits == 4, **four, **skip)
+
+    models = {who: load(quantization_config=bnb(), device_map={"": 0}) for who, load in loaders.items()}
+    names = {who: quantized_modules(m) for who, m in models.items()}
+    for who, model in models.items():
+        print(f"{bits}-bit {who}: {len(names[who])} modules quantized, "
+              f"{sum('.experts.' in n for n in names[who])} of them experts' linears; max abs diff from fp32 "
+              f"{error(model):.3f}; {model.get_memory_footprint() / 2**20:,.1f} MiB on the GPU")
+    every = sum(".experts." in n for n in names["fivefold"]) == experts
+    stock_fused = any(is_quantized_weight(p) for n, p in models["stock"].named_parameters() if ".experts." in n)
+    print(f"{'ok  ' if every and not stock_fused else 'FAIL'} {bits}-bit: fivefold quantized all {experts} expert "
+          f"linears: {every}; stock quantized its fused experts: {stock_fused}")
+    if not every or stock_fused:
+        failures.append(f"{bits}-bit: the experts quantized are not fivefold's all and stock's none")
+    # Where both quantize the same modules (the attention), fivefold's error within 1.5x stock's.
+    skip = bnb(llm_int8_skip_modules=[r".*\.experts", "lm_head"])
+    attention_only = loaders["fivefold"](quantization_config=skip, device_map={"": 0})
+    if len(quantized_modules(attention_only)) != len(names["stock"]):
+        failures.append(f"{bits}-bit: the attention alone is not what stock quantizes")
+    check(f"{bits}-bit, the attention alone: fivefold's error / stock's",
+          error(attention_only) / max(error(models["stock"]), 1e-12), 1.5)
+    quantized = models["fivefold"]
+    greedy = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
+        out = quantized.generate(ids, **greedy)
+        quantized.save_pretrained(folder)
+        again = cls.from_pretrained(folder, device_map={"": 0}).eval()
+        check(f"{bits}-bit saved and reloaded vs before", (again(ids).logits - quantized(ids).logits).abs().max().item(), 0)
+        same = torch.equal(again.generate(ids, **greedy), out)
+    print(f"{'ok  ' if same else 'FAIL'} {bits}-bit generate {tuple(out.shape)}; the reloaded model's the same: {same}")
+    if not same:
+        failures.append(f"{bits}-bit: the reloaded model generates differently")
+
+
+@section("8. bitsandbytes (8-bit, NF4) on cuda:0: every expert of Mixtral quantized, where stock's fused experts stay fp32")
 def bitsandbytes_experts():
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
         print("skipped: the bitsandbytes package is not installed")
         return
-    from fivefold.modeling.quantization import is_quantized_weight, quantized_modules
-
     src, dst = checkpoint("mixtral", "MixtralForCausalLM", REDUCED_MIXTRAL)
     cls = architecture_for_model_type("mixtral").class_named("MixtralForCausalLM")
     loaders = {"stock": lambda **kw: transformers.MixtralForCausalLM.from_pretrained(src, **kw).eval(),
@@ -302,48 +343,15 @@ def bitsandbytes_experts():
     config = cls.config_class.from_pretrained(dst)
     experts = config.num_hidden_layers * config.num_local_experts * 3  # gate, up and down of each
     ids = torch.randint(5, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)).to(CUDA)
-    greedy = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        exact = loaders["stock"]().to(CUDA)(ids).logits.float()
+        exact = loaders["stock"]().to(CUDA)(ids).logits.float()  # the fp32 model is freed once this is computed
 
     def error(model) -> float:
         with torch.no_grad():
             return (model(ids).logits.float() - exact).abs().max().item()
 
     for bits in (8, 4):
-        def bnb(**skip):
-            return transformers.BitsAndBytesConfig(load_in_8bit=bits == 8, load_in_4bit=bits == 4, **skip)
-
-        models = {who: load(quantization_config=bnb(), device_map={"": 0}) for who, load in loaders.items()}
-        names = {who: quantized_modules(m) for who, m in models.items()}
-        for who, model in models.items():
-            print(f"{bits}-bit {who}: {len(names[who])} modules quantized, "
-                  f"{sum('.experts.' in n for n in names[who])} of them experts' linears; max abs diff from fp32 "
-                  f"{error(model):.3f}; {model.get_memory_footprint() / 2**20:,.1f} MiB on the GPU")
-        fused = [p for n, p in models["stock"].named_parameters() if ".experts." in n]
-        every = sum(".experts." in n for n in names["fivefold"]) == experts
-        print(f"{'ok  ' if every else 'FAIL'} {bits}-bit: fivefold quantized all {experts} expert linears; stock's "
-              f"{len(fused)} fused expert parameters quantized: {any(is_quantized_weight(p) for p in fused)}")
-        if not every:
-            failures.append(f"{bits}-bit: experts left unquantized")
-        # Where both quantize the same modules (the attention), fivefold's error within 1.5x stock's.
-        skip = bnb(llm_int8_skip_modules=[r".*\.experts", "lm_head"])
-        attention_only = loaders["fivefold"](quantization_config=skip, device_map={"": 0})
-        if len(quantized_modules(attention_only)) != len(names["stock"]):
-            failures.append(f"{bits}-bit: the attention alone is not what stock quantizes")
-        check(f"{bits}-bit, the attention alone: fivefold's error / stock's",
-              error(attention_only) / max(error(models["stock"]), 1e-12), 1.5)
-        ours = models["fivefold"]
-        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
-            out = ours.generate(ids, **greedy)
-            ours.save_pretrained(folder)
-            again = cls.from_pretrained(folder, device_map={"": 0}).eval()
-            check(f"{bits}-bit saved and reloaded vs before", (again(ids).logits - ours(ids).logits).abs().max().item(), 0)
-            same = torch.equal(again.generate(ids, **greedy), out)
-        print(f"{'ok  ' if same else 'FAIL'} {bits}-bit generate {tuple(out.shape)}; the reloaded model's the same: {same}")
-        if not same:
-            failures.append(f"{bits}-bit: the reloaded model generates differently")
-        del models, ours, again, attention_only
+        bitsandbytes_on_experts(bits, loaders, cls, ids, error, experts)
         torch.cuda.empty_cache()
 
 

@@ -54,7 +54,9 @@ class ExpertParallelMixtureOfExperts(MixtureOfExperts):
     first: int = 0  # the first expert this rank holds
     local: int = 0  # how many it holds (X)
     batches: int = 1  # the ranks whose tokens an expert's gradient sums; it is divided by this
-    inference_only: bool = False  # a quantized model's whole copies of the other layers (`distribute`)
+    # Set for a quantized model, whose layers outside the experts are copies on every rank that nothing keeps equal
+    # under training: a backward pass through the layer is refused.
+    inference_only: bool = False
 
     def divide_gradients(self) -> None:
         """Once per weight (loading replaces the weights built on meta, so this waits for the first forward)."""
@@ -66,11 +68,6 @@ class ExpertParallelMixtureOfExperts(MixtureOfExperts):
     def dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [N, C], weights/experts: [N, R] -> [N, C], as `MixtureOfExperts.dispatch` on one device."""
         world, local = dist.get_world_size(self.group), self.local
-        if self.training and self.inference_only:
-            raise RuntimeError(
-                "a quantized model under expert parallelism runs inference only: its layers outside the experts are "
-                "whole copies on every rank, which nothing keeps equal in training; call model.eval()"
-            )
         if torch.is_grad_enabled():
             self.divide_gradients()
         flat = experts.reshape(-1)  # [A]
@@ -89,7 +86,17 @@ class ExpertParallelMixtureOfExperts(MixtureOfExperts):
         out = run_experts(local_experts, rows[by_expert], arriving.sum(0).tolist())  # [sum(receive), C]
         out = torch.zeros_like(out).index_copy(0, by_expert, out)
         y = _exchange(out, receive, send, self.group) * weights.reshape(-1)[order, None]  # [A, C]
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        combined = torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        if self.inference_only and combined.requires_grad:
+            combined.register_hook(_refuse_training)  # before the backward's exchanges, which every rank would enter
+        return combined
+
+
+def _refuse_training(grad: torch.Tensor) -> None:
+    raise RuntimeError(
+        "a quantized model under expert parallelism runs inference only: its layers outside the experts are whole "
+        "copies on every rank, which nothing keeps equal under training"
+    )
 
 
 def partition_experts(moe: MixtureOfExperts, group) -> None:
@@ -151,11 +158,14 @@ def distribute(model: nn.Module, distributed_config, mesh_manager) -> nn.Module:
             # The other ranks' experts are in the checkpoint and deliberately not read: not "unexpected".
             remote = "|".join(str(e) for e, expert in enumerate(moe.experts) if isinstance(expert, RemoteExpert))
             model._keys_to_ignore_on_load_unexpected.add(rf"^{re.escape(name)}\.experts\.({remote})\.")
-    if getattr(model.config, "quantization_config", None) is not None:
+    if getattr(model, "is_quantized", False):  # set by the quantizer before this, for a saved quantized folder too
         # FSDP2 and tensor parallelism shard plain tensors, not torchao's or bitsandbytes' quantized weights: the
         # layers outside the experts stay whole on every rank, and the model runs inference only.
         for moe in expert_layers(model):
             moe.inference_only = True
+        model._tp_size, model._fsdp_size, model._tp_plan = 1, 1, {}  # what transformers reads as sharded: nothing
+        if config.fsdp_size > 1:  # every rank its own batch: the load-balancing loss counts them all, as below
+            model.data_parallel_group = mesh_manager.get_mesh("fsdp").get_group()
         model._is_fsdp_managed_module = True  # generate() syncs the ranks: each step's tokens travel to the experts
         return model
     if config.tp_size > 1:

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,21 +75,13 @@ def end(procs: list[subprocess.Popen], grace_s: float = 5) -> None:
 
 
 def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path) -> list[str]:
+    logs = [tempfile.TemporaryFile("w+") for _ in commands]
     procs = [
-        subprocess.Popen(
-            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        for cmd, env in zip(commands, envs, strict=True)
+        subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for cmd, env, log in zip(commands, envs, logs, strict=True)
     ]
-    outputs, timed_out = [], False
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            end(procs)
-            out, _ = proc.communicate()
-        outputs.append(out)
+    timed_out = not _all_ended(procs, timeout)
+    outputs = [_read(log) for log in logs]
     report = "\n".join(
         f"--- process {i} (exit {p.returncode}) ---\n{o[-6000:]}"
         for i, (p, o) in enumerate(zip(procs, outputs, strict=True))
@@ -100,25 +93,49 @@ def _run(commands: list[list[str]], envs: list[dict], timeout: float, cwd: Path)
     return outputs
 
 
+def _all_ended(procs: list[subprocess.Popen], timeout: float) -> bool:
+    """Waits `timeout` for each process in turn; on the first that outlives it, ends them all and says False.
+    Their output goes to files, not pipes: a rank blocked on a full pipe that nobody reads while another is waited
+    on (a chatty library's warnings) would hold every rank waiting for it in a collective."""
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            end(procs)
+            return False
+    return True
+
+
+def _read(log) -> str:
+    log.seek(0)
+    text = log.read()
+    log.close()
+    return text
+
+
 def side_by_side(commands: dict[str, list[str]], env: dict, timeout: float, cwd=None) -> dict:
     """Runs the commands at once, each in a process group of its own: name -> CompletedProcess (standard output and
     error as text). A hang kills every group and fails the test."""
+    logs = {name: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for name in commands}
     procs = {
         name: subprocess.Popen(
-            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            cmd, env=env, cwd=cwd, stdout=logs[name][0], stderr=logs[name][1], text=True, start_new_session=True
         )
         for name, cmd in commands.items()
     }
-    deadline, done = time.monotonic() + timeout, {}
+    deadline = time.monotonic() + timeout
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
-            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"{name}: no end within {timeout} s (a hang)") from None
+            try:
+                proc.wait(max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{name}: no end within {timeout} s (a hang)") from None
     finally:
         end(list(procs.values()))
-    return done
+    return {
+        name: subprocess.CompletedProcess(proc.args, proc.returncode, _read(logs[name][0]), _read(logs[name][1]))
+        for name, proc in procs.items()
+    }
 
 
 def launch(worker: str, world_size: int, tmp_path: Path, args: dict, timeout: float = 120) -> list[dict]:
